@@ -77,6 +77,13 @@ export class HttpControllerApi {
       res.writeHead(refusal.status, { "content-type": "application/json", "content-length": Buffer.byteLength(body), connection: "close" }).end(body);
     });
     refuseUnknownExpectations(app.server);
+    // The last answer a connection carries once the stop began closes it, and says so: a client
+    // keeping it alive could write its next op on it as the stop closes it, a cut it must read as
+    // outcome_unknown. Not one with requests pipelined behind it: their refusals would be dropped.
+    app.addHook("onSend", (req, reply, payload, done) => {
+      if (this.stopping && !this.connections?.hasRequestBehind(req.raw)) reply.header("connection", "close");
+      done(null, payload);
+    });
     // Raw bodies: our codec turns malformed JSON, size and schema errors into catalog codes. Bytes,
     // as NATS delivers them: decoded first, invalid UTF-8 (3 bytes per U+FFFD) would count as too large.
     app.removeAllContentTypeParsers();

@@ -50,6 +50,13 @@ export class StoppingConnections {
     for (const socket of this.requests.keys()) this.closeIfDone(socket);
   }
 
+  /** Whether a request was pipelined behind `req` on its connection (answered after it, in order). */
+  hasRequestBehind(req: IncomingMessage): boolean {
+    const order = [...(this.requests.get(req.socket)?.keys() ?? [])];
+    const at = order.indexOf(req);
+    return at >= 0 && at < order.length - 1;
+  }
+
   private closeIfDone(socket: Socket): void {
     const requests = this.requests.get(socket);
     if (!requests || [...requests.keys()].some((req) => req.complete)) return;

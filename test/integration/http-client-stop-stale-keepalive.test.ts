@@ -39,3 +39,34 @@ it.each([
   await expect(request).rejects.toMatchObject({ code });
   expect(relay.reset()).toBeGreaterThan(0);
 });
+
+/**
+ * An op under way when the stop begins is answered, and its connection closed after: the answer says
+ * so (`Connection: close`). A client keeping the connection alive wrote its next op on it as it
+ * closed, `outcome_unknown` (the relay holds back that close, the race made certain); now it opens a
+ * new one, which the stopped coordinator refuses: `not_leader`, nothing ran.
+ */
+it("the next op after an answer sent during the stop goes on a new connection: not_leader, not outcome_unknown", { timeout: 30_000 }, async () => {
+  world = await startWorld();
+  await world.startParticipants();
+  world.participant("policy").adapter.addEpisode({ rollout_id: "c1", attempt: 0 }, { t: 1 });
+  const coordinator = await world.startCoordinator({ stop_grace_ms: 20_000, default_timeout_ms: 20_000 });
+  await coordinator.whenReady();
+  // Only the op's connection: an idle /readyz one the stop closes is the race no answer can prevent.
+  relay = await startStaleKeepAliveRelay(Number(new URL(coordinator.httpUrl!).port), (first) => first.startsWith("POST"));
+  world.participant("policy").adapter.setBlockers(["c1"]);
+  const client = new HttpControllerClient({ baseUrl: relay.url, token: CONTROLLER_TOKEN });
+  const prepared = client.prepare({ checkpoint_id: "k-2", deadline_ts: Date.now() / 1000 + 20 });
+  await waitUntil(() => coordinator.engine.status().then((s) => s.checkpoint?.phase === "preparing"), "k-2 preparing");
+  const stopped = coordinator.stop("SIGTERM");
+  // Answered once the HTTP API is stopping (its listener closed): answered before, it was an idle
+  // connection to the stop, closed with no answer to say so.
+  await waitUntil(() => fetch(coordinator.httpUrl!).then(() => false, () => true), "the coordinator's listener to close");
+  world.participant("policy").adapter.setBlockers([]);
+  await expect(prepared).resolves.toMatchObject({ checkpoint_id: "k-2" });
+  await stopped;
+  await waitUntil(() => relay!.stale() === 1, "the stop to close the op's connection under the relay");
+  relay.stopAccepting();
+  await expect(client.resume({ checkpoint_id: "k-2", deadline_ts: Date.now() / 1000 + 20 })).rejects.toMatchObject({ code: "not_leader" });
+  expect(relay.reset()).toBe(0);
+});

@@ -73,6 +73,8 @@ describe("HTTP API stop: an op running on a kept-alive connection", () => {
     release();
     await waitUntil(() => received.includes("\r\n\r\n"), "the op's answer");
     expect(received.split("\r\n")[0]).toBe("HTTP/1.1 200 OK");
+    // Said so: a client keeping it alive would write its next op on a connection being closed.
+    expect(received.toLowerCase()).toContain("\r\nconnection: close\r\n");
     const stopped = await Promise.race([stopping.then(() => "stopped"), stillStopping()]);
     expect(stopped).toBe("stopped");
     // The server's side is gone once the stop ended; the client sees its FIN an event or two later.
@@ -175,6 +177,8 @@ describe("HTTP API stop: a request that arrives during the stop", () => {
       await waitUntil(() => connections.every(({ seen }) => seen.closed), "each connection to close after its last answer");
       const answers = connections.map(({ seen }) => responses(seen.received));
       for (const [first] of answers) expect(first!.status).toBe("HTTP/1.1 200 OK");
+      // The op's answer keeps the connection for the refusal pipelined behind it, which closes it.
+      for (const { seen } of connections) expect(seen.received.toLowerCase().split("\r\nconnection: close\r\n")).toHaveLength(2);
       const [checkpoints, readyz, healthz] = answers.map((answer) => answer[1]);
       for (const refusal of [checkpoints!, readyz!]) {
         expect(refusal.status).toBe("HTTP/1.1 503 Service Unavailable");
