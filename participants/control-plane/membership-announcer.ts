@@ -22,6 +22,7 @@ import {
   parseName,
   participantSubject,
   StatusReplySchema,
+  within,
   type Kind,
   type Member,
 } from "../../protocol/index.js";
@@ -54,6 +55,10 @@ export const STOP_DELETE_WAIT_MS = 1_000;
  * lagging copy) settles `lost`; its owner must stop serving the name at once. Failed or timed-out
  * writes, an expired or deleted entry, a re-created bucket are transient: the entry is written
  * again. A reconnect beats at once, so the check does not wait a heartbeat period.
+ *
+ * Beats keep their cadence under a slow NATS: a beat is given up one heartbeat period after it
+ * started, and a tick while one runs starts the next as soon as it ends, so one slow put costs
+ * one beat, never the entry's TTL.
  */
 export class MembershipAnnouncer {
   private kv: KV | undefined;
@@ -65,7 +70,11 @@ export class MembershipAnnouncer {
   private predecessor: string | undefined;
   private isLost = false;
   private stopped = false;
-  private beatsInFlight = 0;
+  /** Bumped per beat started and when it ends: a beat given up or overtaken (a reconnect) records nothing more. */
+  private beatSerial = 0;
+  private beatInFlight = false;
+  /** A tick came while a beat ran: the next beat starts when that one ends. */
+  private beatDue = false;
   private statusWatch: AsyncIterable<Status> | undefined;
   private jsm: JetStreamManager | undefined;
   private resolveLost!: (conflict: CheckpointError) => void;
@@ -157,15 +166,47 @@ export class MembershipAnnouncer {
     })();
   }
 
+  /**
+   * Beats one at a time, so a NATS outage does not pile up requests that all wait for their
+   * timeout; but each is given up after a heartbeat period, and a tick meanwhile is not skipped:
+   * waiting out a slow put (nats.js' 5 s timeout) and skipping the ticks meanwhile let the entry
+   * go unrefreshed for the whole TTL. A reconnect beats at once: the beat in flight may have died
+   * with the old connection and only time out. A put of a beat given up may still land; as every
+   * put is a compare-and-set on the revision, it never lands over a later one (which then reads
+   * the entry and writes again), and only the current beat records the revision it gets.
+   */
   private tick(reconnected: boolean): void {
-    this.beat(reconnected).catch((error: unknown) => {
-      // A beat still in flight when stop() came (its request timing out, NATS down): nothing to tell.
-      if (this.stopped) return;
-      // The bucket may be gone (deleted by an operator, or a NATS restart without its store):
-      // the next beat creates it again instead of failing forever.
-      this.kv = undefined;
-      this.beatFailures.failed(error, `membership heartbeat failed; tried again every ${this.heartbeatMs} ms (the coordinator leaves this participant out once ${MEMBER_TTL_MS} ms pass without one)`);
-    });
+    if (this.isLost || this.stopped) return;
+    if (this.beatInFlight && !reconnected) {
+      this.beatDue = true;
+      return;
+    }
+    this.beatDue = false;
+    this.beatInFlight = true;
+    const serial = ++this.beatSerial;
+    const current = () => serial === this.beatSerial && !this.stopped && !this.isLost;
+    within(this.refresh(current), this.heartbeatMs)
+      .then(
+        () => {
+          if (current()) this.beatFailures.succeeded();
+        },
+        (error: unknown) => {
+          // A beat still in flight when stop() came (its request timing out, NATS down), or overtaken: nothing to tell.
+          if (!current()) return;
+          // The bucket may be gone (deleted by an operator, or a NATS restart without its store):
+          // the next beat creates it again instead of failing forever.
+          this.kv = undefined;
+          this.beatFailures.failed(error, `membership heartbeat failed; tried again every ${this.heartbeatMs} ms (the coordinator leaves this participant out once ${MEMBER_TTL_MS} ms pass without one)`);
+        },
+      )
+      .finally(() => {
+        // Overtaken by a reconnect's beat: that one's end counts.
+        if (serial !== this.beatSerial) return;
+        // Whatever of this beat still runs (a request given up on) records nothing now.
+        this.beatSerial += 1;
+        this.beatInFlight = false;
+        if (this.beatDue) this.tick(false);
+      });
   }
 
   /**
@@ -217,33 +258,23 @@ export class MembershipAnnouncer {
     return kv;
   }
 
-  /** Compare-and-set on the revision last seen: never overwrites another process's entry. */
-  private async write(): Promise<void> {
+  /**
+   * Compare-and-set on the revision last seen: never overwrites another process's entry, nor a
+   * later put of this one. `current()` false (a beat given up): the revision it got is not recorded.
+   */
+  private async write(current: () => boolean = () => true): Promise<void> {
     this.kv ??= await this.openBucket();
+    if (!current()) return;
     this.member.heartbeat_at = Date.now() / 1000;
     const value = JSON.stringify(this.member);
-    this.revision = this.revision ? await this.kv.update(this.key, value, this.revision) : await this.kv.create(this.key, value);
+    const revision = this.revision ? await this.kv.update(this.key, value, this.revision) : await this.kv.create(this.key, value);
+    if (current()) this.revision = revision;
   }
 
-  /**
-   * The timer's beats one at a time, so a NATS outage does not pile up requests that all wait for
-   * their timeout. Overlapping beats are harmless otherwise: a compare-and-set one of them loses
-   * is repaired from the entry, and only another incarnation there stops announcing.
-   */
-  private async beat(reconnected: boolean): Promise<void> {
-    if (this.isLost || this.stopped || (this.beatsInFlight > 0 && !reconnected)) return;
-    this.beatsInFlight += 1;
+  /** One beat; it stops at the first step after `current()` turns false (given up, stopped, lost). */
+  private async refresh(current: () => boolean): Promise<void> {
     try {
-      await this.refresh();
-      if (!this.isLost) this.beatFailures.succeeded();
-    } finally {
-      this.beatsInFlight -= 1;
-    }
-  }
-
-  private async refresh(): Promise<void> {
-    try {
-      await this.write();
+      await this.write(current);
       return;
     } catch (error) {
       if (!isWrongRevision(error)) throw error;
@@ -251,14 +282,15 @@ export class MembershipAnnouncer {
     // Our entry expired (a long NATS outage), was deleted, the bucket was re-created, or another
     // process took the name over. Write it again unless another incarnation holds it now.
     const { revision, held } = await this.readEntryAtLeader();
-    // stop() may have deleted the entry meanwhile: not to be written again.
-    if (this.stopped) return;
+    // stop() may have deleted the entry meanwhile: not to be written again. Given up: its
+    // successor reads the entry itself.
+    if (!current()) return;
     if (held && held.incarnation !== this.member.incarnation) {
       this.lose(held);
       return;
     }
     this.revision = revision;
-    await this.write();
+    await this.write(current);
   }
 
   private lose(held: Member): void {

@@ -38,7 +38,7 @@ describe("membership announcer stop() racing a heartbeat in flight", () => {
     (announcer as unknown as { tick(reconnected: boolean): void }).tick(false);
     await announcer.stop();
     // The beat has settled (it writes nothing once stopped).
-    await waitUntil(() => (announcer as unknown as { beatsInFlight: number }).beatsInFlight === 0, "the heartbeat in flight to settle");
+    await waitUntil(() => !(announcer as unknown as { beatInFlight: boolean }).beatInFlight, "the heartbeat in flight to settle");
     const kv = await new Kvm(nats.nc).open(membersBucket("annstop"));
     const entry = await kv.get(memberKey("environment", "env0"));
     expect(entry?.operation === "PUT" ? entry.json() : undefined).toBeUndefined();
@@ -52,10 +52,10 @@ describe("membership announcer stop() after a failed heartbeat", () => {
     await announcer.claim();
     await announcer.start();
     // One beat fails (a request timed out during a reconnect, say): the next beat re-opens the bucket.
-    const internals = announcer as unknown as { kv: { update: () => Promise<number> } | undefined; tick(reconnected: boolean): void; beatsInFlight: number };
+    const internals = announcer as unknown as { kv: { update: () => Promise<number> } | undefined; tick(reconnected: boolean): void; beatInFlight: boolean };
     internals.kv!.update = async () => Promise.reject(new Error("TIMEOUT"));
     internals.tick(false);
-    await waitUntil(() => internals.beatsInFlight === 0 && internals.kv === undefined, "the failed beat");
+    await waitUntil(() => !internals.beatInFlight && internals.kv === undefined, "the failed beat");
     await announcer.stop();
     const kv = await new Kvm(nats.nc).open(membersBucket("annstop2"));
     const entry = await kv.get(memberKey("environment", "env0"));

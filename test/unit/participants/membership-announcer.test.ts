@@ -10,6 +10,10 @@ const kvm = vi.hoisted(() => ({
   failNextPut: false,
   /** The next this many writes fail (NATS unreachable). */
   failPuts: 0,
+  /** The next this many writes go unanswered: nats.js gives up on each after its JetStream timeout (5 s). */
+  hangPuts: 0,
+  /** When (fake time) each write landed. */
+  landedAt: [] as number[],
   /** The next write is refused as a compare-and-set on a stale revision. */
   wrongRevisionNext: false,
   /** What a direct get (any replica, possibly lagging) answers. */
@@ -27,6 +31,11 @@ vi.mock("@nats-io/kv", () => ({
           kvm.failPuts -= 1;
           throw new Error("TIMEOUT");
         }
+        if (kvm.hangPuts > 0) {
+          kvm.hangPuts -= 1;
+          await new Promise((resolve) => setTimeout(resolve, 5_000));
+          throw new Error("TIMEOUT");
+        }
         if (kvm.failNextPut) {
           kvm.failNextPut = false;
           throw new Error("stream not found");
@@ -36,6 +45,7 @@ vi.mock("@nats-io/kv", () => ({
           throw Object.assign(new Error("wrong last sequence: 7"), { code: 10071 });
         }
         kvm.puts.push(key);
+        kvm.landedAt.push(Date.now());
         return ++revision;
       };
       const get = async () => (kvm.replicaEntry ? { operation: "PUT", revision: 1, json: () => member(kvm.replicaEntry!.incarnation) } : null);
@@ -69,7 +79,7 @@ const watch = (promise: Promise<unknown>) => {
 
 afterEach(() => {
   vi.useRealTimers();
-  Object.assign(kvm, { creates: 0, puts: [], failNextPut: false, failPuts: 0, wrongRevisionNext: false, replicaEntry: null, leaderEntry: null });
+  Object.assign(kvm, { creates: 0, puts: [], landedAt: [], failNextPut: false, failPuts: 0, hangPuts: 0, wrongRevisionNext: false, replicaEntry: null, leaderEntry: null });
 });
 
 describe("membership heartbeat", () => {
@@ -115,6 +125,27 @@ describe("membership heartbeat", () => {
     await vi.advanceTimersByTimeAsync(300);
     expect(kvm.puts).toHaveLength(5);
     expect(lost.settled).toBe(false);
+    await announcer.stop();
+  });
+});
+
+describe("a put NATS is slow to answer (a slow JetStream, a reconnect)", () => {
+  // Before, a beat waited for its put (up to nats.js' 5 s JetStream timeout) and every tick
+  // meanwhile was skipped: one unanswered put left the entry unrefreshed for 15 s, the bucket's
+  // TTL, and the coordinator reported a live participant unreachable.
+  it("is given up after one heartbeat period: the next beat runs on time and the entry is refreshed well within the TTL", async () => {
+    vi.useFakeTimers();
+    const announcer = new MembershipAnnouncer(noResponders, "dep", "environment", "env0", "inc-1");
+    await announcer.start();
+    const startedAt = Date.now();
+    kvm.hangPuts = 1;
+    await vi.advanceTimersByTimeAsync(6 * MEMBER_HEARTBEAT_MS);
+    const landed = [startedAt, ...kvm.landedAt.slice(1)];
+    const gaps = landed.slice(1).map((at, i) => at - landed[i]!);
+    // One beat lost, no more: its successor lands on its own tick.
+    expect(Math.max(...gaps)).toBeLessThanOrEqual(2 * MEMBER_HEARTBEAT_MS);
+    expect(Math.max(...gaps)).toBeLessThan(MEMBER_TTL_MS);
+    expect(kvm.landedAt.length).toBeGreaterThanOrEqual(5);
     await announcer.stop();
   });
 });
