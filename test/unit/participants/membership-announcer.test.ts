@@ -148,6 +148,24 @@ describe("a put NATS is slow to answer (a slow JetStream, a reconnect)", () => {
     expect(kvm.landedAt.length).toBeGreaterThanOrEqual(5);
     await announcer.stop();
   });
+
+  it("overtaken by a reconnect's beat, its late failure records nothing: the bucket handle stays, nothing is logged", async () => {
+    vi.useFakeTimers();
+    const lines: { msg: string }[] = [];
+    const { pino } = await import("pino");
+    const logger = pino({ level: "debug" }, { write: (line: string) => void lines.push(JSON.parse(line) as { msg: string }) });
+    const announcer = new MembershipAnnouncer(noResponders, "dep", "environment", "env0", "inc-1", logger);
+    await announcer.start();
+    kvm.hangPuts = 1;
+    await vi.advanceTimersByTimeAsync(MEMBER_HEARTBEAT_MS); // a beat whose put goes unanswered
+    (announcer as unknown as { tick(reconnected: boolean): void }).tick(true); // NATS back: a beat at once
+    await vi.advanceTimersByTimeAsync(0);
+    expect(kvm.puts).toHaveLength(2);
+    await vi.advanceTimersByTimeAsync(MEMBER_HEARTBEAT_MS); // the hung put times out
+    expect(kvm.creates).toBe(1);
+    expect(lines.filter((l) => l.msg.startsWith("membership heartbeat failed"))).toEqual([]);
+    await announcer.stop();
+  });
 });
 
 describe("an entry whose times no Date holds (a corrupt value, a foreign writer's nanoseconds)", () => {
