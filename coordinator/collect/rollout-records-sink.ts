@@ -168,7 +168,8 @@ export class RolloutRecordsSink {
    * Makes the step's marker of this kind list every record file of that kind in the step directory,
    * keeping what it listed already. Step directories are shared: other collections writing into the
    * same `--records-dir` (other envs, or the other kind) publish into the same step and merge the
-   * same marker, like `writeStepRecords` does. Merging is a read-modify-write, so another writer can
+   * same marker, like `writeStepRecords` does, those that publish before its marker of their kind is
+   * written (a marked step takes no new file of that kind: see stepRefuses). Merging is a read-modify-write, so another writer can
    * replace the marker with a list computed before this file appeared: it is read again after each
    * write until it lists everything (whoever writes last checks last). A record file present is whole
    * (published atomically); a missing index only makes readers parse it in full. A marker left short
@@ -210,17 +211,22 @@ export class RolloutRecordsSink {
   }
 
   /**
-   * Whether the step's marker can list this file too: one no reader accepts would leave the step
-   * incomplete for followers. Alone in its marker it always fits (one name); refused otherwise.
+   * Why the step cannot take this file, or null when it can. Not once its marker of this kind is
+   * written without the file: a follower may have consumed the step, and would take the file after it
+   * (and after any later step it consumed) where a cold loader sorts it in, numbering the tasks
+   * differently; `writeStepRecords` refuses so too. Nor when the marker cannot list it too: one no
+   * reader accepts would leave the step incomplete for followers. Alone in its marker it always fits
+   * (one name); refused otherwise.
    */
-  private async markerFits(step: number, file: string): Promise<boolean> {
-    const { files } = await this.markerListing(step, file);
+  private async stepRefuses(step: number, file: string): Promise<string | null> {
+    const { listed, files } = await this.markerListing(step, file);
+    if (listed !== null && !listed.includes(file)) return "this step's marker is written (a follower may have consumed the step)";
     try {
       encodeRolloutStepMarker(step, this.options.kind, files, this.maxMarkerBytes);
-      return true;
+      return null;
     } catch (error) {
       if (files.length === 1) throw error;
-      return false;
+      return "this step's marker cannot list another file";
     }
   }
 
@@ -324,9 +330,10 @@ export class RolloutRecordsSink {
         }
         records = next.records;
         encoded = next.encoded;
-        // Other collections filled this step's marker: the next step takes the file instead.
-        if (!(await this.markerFits(step, basename(encoded.recordFile)))) {
-          this.logger.info({ step, file: encoded.recordFile }, "this step's marker cannot list another file; trying the next step");
+        // Other collections marked this step, or filled its marker: the next step takes the file instead.
+        const refused = await this.stepRefuses(step, basename(encoded.recordFile));
+        if (refused) {
+          this.logger.info({ step, file: encoded.recordFile }, `${refused}; trying the next step`);
           step = this.nextStep++;
           continue;
         }

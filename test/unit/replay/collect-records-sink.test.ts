@@ -45,18 +45,16 @@ describe("the collector's rollout-records sink", () => {
   // other collections filled takes no more files, the next step does. The limit is injected small.
   it("publishes into the next step when this step's marker could not list its file, so every marker stays one readers accept", async () => {
     const limit = Buffer.byteLength(encodeRolloutStepMarker(1, "eval", ["eval_rollouts_a.jsonl"])) + 10; // one name, not two
-    const a = new RolloutRecordsSink({ dir, env: "a", kind: "eval", everyRows: 100, everySeconds: 600, maxMarkerBytes: limit }, silent);
     const b = new RolloutRecordsSink({ dir, env: "b", kind: "eval", everyRows: 100, everySeconds: 600, maxMarkerBytes: limit }, silent);
-    await a.start();
-    await b.start(); // both would write step_1 next
-    a.add(linearTrace(traceId(1)));
-    await a.close();
+    await b.start(); // would write step_1 next
+    // Another collection has linked its step_1 file, and not yet written the marker (a marked step
+    // takes no new file at all, full or not).
+    const root = path.join(dir, "rollouts");
+    await writeRolloutRecords(root, 1, { kind: "eval", env: "a", traces: [linearTrace(traceId(1))] });
     b.add(linearTrace(traceId(2)));
     await b.close();
-    const root = path.join(dir, "rollouts");
-    expect(await completedFiles(path.join(root, "step_1"))).toEqual(new Set(["eval_rollouts_a.jsonl"]));
     expect(await completedFiles(path.join(root, "step_2"))).toEqual(new Set(["eval_rollouts_b.jsonl"]));
-    expect((await readdir(path.join(root, "step_1"))).sort()).toEqual(["_complete_eval.json", "eval_rollouts_a.jsonl", "index_eval_a.jsonl"]);
+    expect((await readdir(path.join(root, "step_1"))).sort()).toEqual(["eval_rollouts_a.jsonl", "index_eval_a.jsonl"]);
     expect(b.stats).toMatchObject({ steps: 1, records: 1, failedFlushes: 0, unwritten: 0 });
   });
 
@@ -213,16 +211,13 @@ describe("the collector's rollout-records sink", () => {
       const markerLimit = Buffer.byteLength(encodeRolloutStepMarker(1, "eval", ["eval_rollouts_a.jsonl"])) + 10; // one name, not two
       const limit = encodeRolloutRecords({ kind: "eval", env: "a", step: 1, records: [linearTrace(traceId(1)), linearTrace(traceId(2))] }).recordBytes.length;
       const a = new RolloutRecordsSink({ dir, env: "a", kind: "eval", everyRows: 64, everySeconds: 600, maxMarkerBytes: markerLimit, maxBatchBytes: limit }, silent);
-      const b = new RolloutRecordsSink({ dir, env: "b", kind: "eval", everyRows: 64, everySeconds: 600, maxMarkerBytes: markerLimit }, silent);
       await a.start();
-      await b.start();
-      b.add(linearTrace(traceId(9)));
-      await b.flush(); // b takes step_1
+      // Another collection (env b) has linked its step_1 file, and not yet written the marker.
+      const root = path.join(dir, "rollouts");
+      await writeRolloutRecords(root, 1, { kind: "eval", env: "b", traces: [linearTrace(traceId(9))] });
       for (const n of [1, 2, 3, 4, 5]) a.add(linearTrace(traceId(n)));
       await a.close();
-      await b.close();
-      const root = path.join(dir, "rollouts");
-      expect(await completedFiles(path.join(root, "step_1"))).toEqual(new Set(["eval_rollouts_b.jsonl"]));
+      expect((await readdir(path.join(root, "step_1"))).sort()).toEqual(["eval_rollouts_b.jsonl", "index_eval_b.jsonl"]);
       for (const [step, ids] of [[2, [1, 2]], [3, [3, 4]], [4, [5]]] as const) {
         expect(await completedFiles(path.join(root, `step_${step}`))).toEqual(new Set(["eval_rollouts_a.jsonl"]));
         expect(await idsOf(path.join(root, `step_${step}`, "eval_rollouts_a.jsonl"))).toEqual(ids.map(traceId));
@@ -296,15 +291,58 @@ describe("the collector's rollout-records sink", () => {
     expect(follower.tasks.map((t) => t.name)).toEqual(["recheck:0000000a", "recheck:0000000b"]);
   });
 
-  it("two collections writing into one records dir at the same time share steps without replacing a file or a marker's entry", async () => {
+  it("publishes into the next step when this step's marker of its kind is written without its file: a follower may have consumed the step", async () => {
+    // Two collections of one records dir both start at step 1. a writes steps 1 and 2, each marked,
+    // and a follower consumes them. b's flush then went into step 1 and re-marked it: the follower
+    // took b's file after step 2, a cold loader sorted it into step 1, and the two numbered the
+    // tasks differently (as writeStepRecords refuses, see record-writer).
     const root = path.join(dir, "rollouts");
-    const sinks = ["a", "b", "a"].map((env) => new RolloutRecordsSink({ dir, env, kind: "train", everyRows: 100, everySeconds: 600 }, silent));
+    const follower = () =>
+      new ReplayTaskSource<MathTask, string, number>(
+        { records: "rollouts/step_*/train_rollouts_*.jsonl", source: { id: "gsm8k" }, mode: "recheck", wait_for_step_marker: true },
+        mathSource(),
+        { cwd: dir, logger: silent },
+      );
+    const a = new RolloutRecordsSink({ dir, env: "a", kind: "train", everyRows: 100, everySeconds: 600 }, silent);
+    const b = new RolloutRecordsSink({ dir, env: "b", kind: "train", everyRows: 100, everySeconds: 600 }, silent);
+    await a.start();
+    await b.start(); // both would write step_1 next
+    for (const n of [0xa, 0xb]) {
+      a.add(linearTrace(traceId(n), 0));
+      await a.flush();
+    }
+    const early = follower();
+    await early.load();
+    expect(early.tasks.map((t) => t.name)).toEqual(["recheck:0000000a", "recheck:0000000b"]);
+    const markerPath = path.join(root, "step_1", "_complete_train.json");
+    const marker1 = await readFile(markerPath, "utf8");
+    b.add(linearTrace(traceId(0xc), 0));
+    await b.close();
+    await a.close();
+    expect(b.stats).toEqual({ steps: 1, records: 1, skipped: 0, failedFlushes: 0, unwritten: 0 });
+    expect(await readFile(markerPath, "utf8")).toBe(marker1); // step 1 is left as the follower consumed it
+    expect((await readdir(path.join(root, "step_1"))).sort()).toEqual(["_complete_train.json", "index_train_a.jsonl", "train_rollouts_a.jsonl"]);
+    // Step 2 is marked too (a's), so b's file goes past it.
+    expect(await completedFiles(path.join(root, "step_3"))).toEqual(new Set(["train_rollouts_b.jsonl"]));
+    await early.reload();
+    const cold = follower();
+    await cold.load();
+    expect(early.tasks.map((t) => t.name)).toEqual(["recheck:0000000a", "recheck:0000000b", "recheck:0000000c"]);
+    expect(cold.tasks.map((t) => t.name)).toEqual(early.tasks.map((t) => t.name));
+  });
+
+  it("two collections writing into one records dir at the same time share a step they publish into before its marker, without replacing a file or a marker's entry", async () => {
+    const root = path.join(dir, "rollouts");
+    const sinks = ["a", "a"].map((env) => new RolloutRecordsSink({ dir, env, kind: "train", everyRows: 100, everySeconds: 600 }, silent));
     for (const sink of sinks) await sink.start(); // each starts at step 1
-    sinks.forEach((sink, i) => sink.add(linearTrace(traceId(0xa + i), 0)));
+    // A collection of env b has linked its step_1 file, and not yet written the marker.
+    await writeRolloutRecords(root, 1, { kind: "train", env: "b", traces: [linearTrace(traceId(0xb), 0)] });
+    sinks.forEach((sink, i) => sink.add(linearTrace(traceId(0xa + 2 * i), 0)));
     for (const sink of sinks) await sink.flush();
     for (const sink of sinks) await sink.close();
     expect(sinks.map((s) => s.stats)).toEqual(sinks.map(() => ({ steps: 1, records: 1, skipped: 0, failedFlushes: 0, unwritten: 0 })));
-    // envs a and b share step_1; the second collection of env a finds its file taken and writes step_2
+    // envs a and b share step_1 (its marker lists both); the second collection of env a finds its
+    // file taken (the marker lists that name: not a new file, the link refuses it) and writes step_2
     const marker1 = RolloutStepMarkerSchema.parse(JSON.parse(await readFile(path.join(root, "step_1", "_complete_train.json"), "utf8")));
     expect(marker1.files).toEqual(["train_rollouts_a.jsonl", "train_rollouts_b.jsonl"]);
     expect(await idsOf(path.join(root, "step_1", "train_rollouts_a.jsonl"))).toEqual([traceId(0xa)]);
