@@ -1793,12 +1793,26 @@ describe("collector failures", () => {
     const url = `http://127.0.0.1:${(server.address() as { port: number }).port}/run`;
     const { controller } = fakeController();
     const rows = ["a", "b", "c", "d"].map((rolloutId) => ({ rolloutId, task: {} }));
-    const collector = collectorFor(controller, url, { rows, concurrency: 2, outPath: out });
-    await collector.start();
-    await expect(collector.run()).rejects.toMatchObject({ code: "EISDIR" });
-    await waitUntil(() => dropped, "the /run of b to be dropped", 5000);
-    await new Promise((resolve) => setTimeout(resolve, 200));
-    expect(requests.sort()).toEqual(["a", "b"]); // no row was sent after the failure
+    // A worker reports progress once a /run of its has ended: no /run ends before a's fails, so the
+    // first report is b's worker back from its dropped /run (a's worker fails with the append).
+    let reports = 0;
+    const progress = { start: () => undefined, update: () => void reports++, finish: () => undefined, now: () => Date.now() } as unknown as ProgressReporter;
+    // Every attempt is logged before its /run goes out: a worker that went on after the failure
+    // would log its next one right after its report (no I/O between), well before that /run arrives.
+    const logged = vi.spyOn(DispatchLog.prototype, "record");
+    try {
+      const collector = collectorFor(controller, url, { rows, concurrency: 2, outPath: out, progress });
+      await collector.start();
+      await expect(collector.run()).rejects.toMatchObject({ code: "EISDIR" });
+      await waitUntil(() => dropped, "the /run of b to be dropped", 5000);
+      await waitUntil(() => reports > 0, "b's worker back from its dropped /run", 5000);
+      await new Promise((resolve) => setImmediate(resolve)); // what that worker does next without I/O is done
+      // no row was sent after the failure, nor logged to be sent
+      expect(logged.mock.calls.map(([episode]) => episode.rollout_id).sort()).toEqual(["a", "b"]);
+      expect(requests.sort()).toEqual(["a", "b"]);
+    } finally {
+      logged.mockRestore();
+    }
   });
 
   it("a run whose --out cannot be made fails before any /run: a later --new-collection tells by that file that no row finished", async () => {
