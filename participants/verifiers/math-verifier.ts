@@ -145,17 +145,21 @@ function degreeSigns(text: string): string {
  * constant), nor is one with anything after it (`5\text{ cm}^2`, `5\text{ or }7`, `90^\circ 5`).
  */
 export function numberBeforeUnit(text: string): string | undefined {
+  const before = textBeforeUnit(text);
+  if (before === undefined) return undefined;
+  const number = normalizeAnswer(before);
+  return CANONICAL_NUMBER.test(number) ? number : undefined;
+}
+
+/** What comes before the unit closing `text` (by numberBeforeUnit's rules), number or not; undefined without one. */
+function textBeforeUnit(text: string): string | undefined {
   const answer = degreesOutOfFinalWrapper(stripDecoration(degreeSigns(extractAnswer(text))));
   const degrees = FINAL_DEGREES.exec(answer);
-  if (degrees) {
-    const number = normalizeAnswer(answer.slice(0, degrees.index));
-    return CANONICAL_NUMBER.test(number) ? number : undefined;
-  }
+  if (degrees) return answer.slice(0, degrees.index);
   const wrapper = FINAL_TEXT_WRAPPER.exec(answer);
   const unit = wrapper?.[1]!.trim();
   if (!wrapper || !unit || !UNIT.test(unit) || HEDGE.test(unit) || UPRIGHT_CONSTANTS.has(unit)) return undefined;
-  const number = normalizeAnswer(answer.slice(0, wrapper.index));
-  return CANONICAL_NUMBER.test(number) ? number : undefined;
+  return answer.slice(0, wrapper.index);
 }
 
 /** A final text wrapper ending in degrees (`\text{90°}`, `\text{90°C}`) unwrapped, so they close the answer (`90°`, `90°C`). */
@@ -189,15 +193,23 @@ function fractionTerms(value: string): [string, string] | undefined {
 /**
  * Why `expected` cannot be a task's expected answer, or undefined. Nothing once normalized: a data
  * set's missing answer sent as "" would reward every empty answer and no real one. A fraction over
- * zero (`1/0`, `\frac{1}{0}`, `0/0`): no number, so it was compared as text, and only the same
- * division written out scored.
+ * zero (`1/0`, `\frac{1}{0}`, `0/0`), also before a unit (`1/0\text{ m}`, `1/0^\circ`): no number,
+ * so it was compared as text, and only the same division written out scored.
  */
 export function expectedAnswerProblem(expected: string): string | undefined {
   const normalized = normalizeAnswer(expected);
   if (normalized === "") return "is empty once normalized (only spacing, `$`, periods or an empty \\boxed{})";
-  const fraction = fractionTerms(normalized.endsWith("%") ? normalized.slice(0, -1) : normalized);
-  if (fraction && /^0+$/.test(fraction[1])) return "divides by zero: it is no number, and no answer could equal it but the same division written out";
+  const beforeUnit = textBeforeUnit(expected);
+  if (dividesByZero(normalized) || (beforeUnit !== undefined && dividesByZero(normalizeAnswer(beforeUnit)))) {
+    return "divides by zero: it is no number, and no answer could equal it but the same division written out";
+  }
   return undefined;
+}
+
+/** Whether a normalized answer is a fraction (a percentage's too) over zero. */
+function dividesByZero(normalized: string): boolean {
+  const fraction = fractionTerms(normalized.endsWith("%") ? normalized.slice(0, -1) : normalized);
+  return fraction !== undefined && /^0+$/.test(fraction[1]);
 }
 
 /** Refuses a task whose expected answer cannot be one (expectedAnswerProblem), quoting it (its start, if long). */

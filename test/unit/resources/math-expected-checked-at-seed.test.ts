@@ -24,6 +24,27 @@ describe("math verifier: an expected answer that divides by zero", () => {
     }
   });
 
+  // Such a division before a unit was still compared as text (`1/0 m`): the unit hid it from the check.
+  it("is refused with a unit after it too, at verify and at the seed", async () => {
+    const withUnits = ["1/0\\text{ m}", "\\frac{1}{0}\\,\\mathrm{km/h}", "$\\boxed{0/0\\text{ cm}}$", "1/0^\\circ", "-1/0°C", "1/0\\text{ degrees}"];
+    for (const expected_answer of withUnits) {
+      const refusal = await new MathVerifier().verify({ task: { expected_answer }, answer: expected_answer }).catch((error: unknown) => error);
+      expect(refusal, expected_answer).toBeInstanceOf(CheckpointError);
+      expect((refusal as CheckpointError).code).toBe("invalid_request");
+      expect((refusal as CheckpointError).message).toContain("divides by zero");
+    }
+    const { app } = await createResourcesApp(new MathVerifier());
+    try {
+      const reply = await app.inject({ method: "POST", url: "/ng-rollout/r1/seed_session", payload: { task: { expected_answer: "1/0\\text{ m}" } } });
+      expect({ status: reply.statusCode, code: reply.json().error?.code }).toEqual({ status: 400, code: "invalid_request" });
+    } finally {
+      await app.close();
+    }
+    // A sound number before a unit, and a division by zero that is no number before a unit (a hedge), are left alone.
+    expect((await new MathVerifier().verify({ task: { expected_answer: "1/2\\text{ m}" }, answer: "0.5" })).reward).toBe(1);
+    expect((await new MathVerifier().verify({ task: { expected_answer: "1/0\\text{ or 7}" }, answer: "7" })).reward).toBe(0);
+  });
+
   it("leaves other answers alone: a non-zero denominator, a zero numerator, infinity written out, a division that is text", async () => {
     const reward = async (expected_answer: string, answer: string) => (await new MathVerifier().verify({ task: { expected_answer }, answer })).reward;
     expect(await reward("1/10", "0.1")).toBe(1);
