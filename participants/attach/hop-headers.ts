@@ -46,13 +46,16 @@ function connectionOptions(values: readonly string[]): Set<string> {
  * chunked framing belongs to the hop, and each hop's parser removes it; the body it hands over still
  * carries the others, so they travel on as content codings: listed after the `Content-Encoding` ones
  * (`content`), as they were applied after them. Undefined when there are none (the common case).
+ * `identity` (RFC 2616's, which older servers still send) is no coding at all: never named, as
+ * `Content-Encoding: identity` is no content coding (RFC 9110 §8.4.1), and urllib3 decodes one listed
+ * with another (`identity, gzip`) as deflate.
  */
 function contentCodings(transfer: readonly string[], content: readonly string[]): string | undefined {
   const codings = [];
   for (const value of transfer) {
     for (const token of value.split(",")) {
       const coding = token.trim().toLowerCase();
-      if (coding && coding !== "chunked") codings.push(coding);
+      if (coding && coding !== "chunked" && coding !== "identity") codings.push(coding);
     }
   }
   if (codings.length === 0) return undefined;

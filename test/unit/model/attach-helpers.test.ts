@@ -287,6 +287,17 @@ describe("hop-by-hop headers", () => {
     expect(callerHeaders({ "transfer-encoding": "chunked", "content-encoding": "br" })).toEqual({ "content-encoding": "br" });
   });
 
+  // RFC 2616's `identity` transfer coding (older servers send `Transfer-Encoding: identity`, Node's parser
+  // takes `identity, chunked`) means no coding: it was named `Content-Encoding: identity`, no content coding.
+  it("names no Content-Encoding for an identity transfer coding", () => {
+    expect(upstreamHeaders(["Transfer-Encoding", "identity, chunked", "Content-Type", "application/json"], "upstream:2", { identity: true })).toEqual([
+      "host", "upstream:2", "content-type", "application/json", "accept-encoding", "identity",
+    ]);
+    expect(upstreamHeaders(["Transfer-Encoding", "Identity, gzip, chunked"], "upstream:2")).toEqual(["host", "upstream:2", "content-encoding", "gzip"]);
+    expect(callerHeaders({ "transfer-encoding": "identity", "content-type": "text/plain" })).toEqual({ "content-type": "text/plain" });
+    expect(callerHeaders({ "transfer-encoding": "identity", "content-encoding": "gzip" })).toEqual({ "content-encoding": "gzip" });
+  });
+
   it("drops the headers the upstream's Connection names, and Proxy-Authenticate, from the caller's response (content-length kept)", () => {
     const headers = {
       connection: "close, x-backend-hop",
