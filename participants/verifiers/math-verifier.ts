@@ -97,8 +97,11 @@ const FINAL_TEXT_WRAPPER = /\\(?:text|textrm|mathrm|mbox)\{([^{}]*)\}$/;
  * a digit only after a letter, `^` or a digit: a number after spacing is another answer (`\text{ or 7}`).
  */
 const UNIT = /^[\p{L}°µ](?:[\p{L}°µ\s./^-]|(?<=[\p{L}°µ^\d])\d)*$/u;
-/** The word `or` in such a wrapper: an answer hedged between two (`5\text{ or seven}`), not a unit. */
-const HEDGE = /(?:^|\s)or(?:\s|$)/i;
+/**
+ * A word joining answers in such a wrapper, `or`, `nor`, `and` or a range's `to` (before spacing, a
+ * digit or the end: `5\text{ or seven}`, `5\text{ and seven}`, `5\text{ or7}`): two answers, not a unit.
+ */
+const HEDGE = /(?:^|\s)(?:or|nor|and|to)(?=\s|\d|$)/i;
 /** Euler's number and the imaginary unit, set upright (`2\mathrm{e}`, `3\mathrm{i}`): no units. */
 const UPRIGHT_CONSTANTS = new Set(["e", "i"]);
 /**

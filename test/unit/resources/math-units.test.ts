@@ -45,6 +45,14 @@ describe("math verifier: units", () => {
     expect(await reward("5", "5\\text{ or seven}")).toBe(0);
     expect(await reward("5", "5\\text{ cm or 7 cm}")).toBe(0);
     expect(await reward("5\\text{ or 7}", "5")).toBe(0);
+    // Joined by another word, or the other answer right after `or`: two answers still (they were a unit).
+    expect(await reward("5", "5\\text{ and seven}")).toBe(0);
+    expect(await reward("5", "5\\text{ nor seven}")).toBe(0);
+    expect(await reward("5", "5\\text{ to seven}")).toBe(0);
+    expect(await reward("5", "5\\text{ or7}")).toBe(0);
+    expect(await reward("5\\text{ and seven}", "5")).toBe(0);
+    expect(await reward("5", "5\\text{ tons}")).toBe(1);
+    expect(await reward("5", "5\\text{ ton}")).toBe(1);
     expect(await reward("5", "5\\text{ m2}")).toBe(1);
     expect(await reward("5", "5\\text{ sq units}")).toBe(1);
     expect(await reward("50%", "50\\text{ cm}")).toBe(0);
