@@ -102,8 +102,8 @@ const UNIT = /^[\p{L}°µ](?:[\p{L}°µ\s./^-]|(?<=[\p{L}°µ^\d])\d)*$/u;
  * digit or the end: `5\text{ or seven}`, `5\text{ and seven}`, `5\text{ or7}`): two answers, not a unit.
  */
 const HEDGE = /(?:^|\s)(?:or|nor|and|to)(?=\s|\d|$)/i;
-/** Euler's number and the imaginary unit, set upright (`2\mathrm{e}`, `3\mathrm{i}`): no units. */
-const UPRIGHT_CONSTANTS = new Set(["e", "i"]);
+/** Euler's number, the imaginary unit and π, set upright (`2\mathrm{e}`, `3\mathrm{i}`, `2\text{π}`): no units. */
+const UPRIGHT_CONSTANTS = new Set(["e", "i", "π"]);
 /**
  * LaTeX's degree sign, `^\circ` or `^{\circ}` (spacing allowed; not `^\circle`), gensymb's `\degree`
  * and textcomp's `\textdegree` (not `\degrees`; an empty group may end the macro's name:

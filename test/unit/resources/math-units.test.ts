@@ -59,6 +59,9 @@ describe("math verifier: units", () => {
     // Euler's number and the imaginary unit, set upright: 2e and 3i are not 2 and 3.
     expect(await reward("2", "2\\mathrm{e}")).toBe(0);
     expect(await reward("3", "3\\mathrm{i}")).toBe(0);
+    // π written as a Unicode letter in a wrapper (unicode-math's upright π) is no unit either: 2π is not 2.
+    expect(await reward("2", "2\\text{π}")).toBe(0);
+    expect(await reward("2", "2\\mathrm{π}")).toBe(0);
   });
 
   it("takes degrees (`^\\circ`, `^{\\circ}`, `°`) as a unit: the bare number both ways, and one spelling of it", async () => {
