@@ -93,17 +93,6 @@ async function prepare(rootDir: string, step: number, batch: EnvRecords, maxBatc
   // leave workers with different task lists. The same bytes again are a retry and are kept.
   const published = await holdsBytes(recordPath, encoded.header.size, encoded.header.sha256);
   if (published === false) throw invalidRequest(`step ${step} already has ${path.basename(recordPath)}; a published file is never replaced`);
-  // Nor is a step's kind added to once its marker is written: a follower may have consumed the step
-  // already, and would append a new file after it (and after any later step it consumed), where a
-  // cold loader sorts it in: the two would number the tasks differently. A retry's file (published,
-  // or one the marker already names) is not new.
-  const markerName = stepMarkerName(batch.kind);
-  if (published === null) {
-    const listed = await markerFiles(path.join(stepDir, markerName), step, batch.kind);
-    if (listed !== null && !listed.includes(path.basename(recordPath))) {
-      throw invalidRequest(`step ${step} is complete (its ${markerName} is written, and a follower may have consumed it): ${path.basename(recordPath)} cannot be added to it; write it into a later step`);
-    }
-  }
   return {
     recordPath,
     indexPath,
