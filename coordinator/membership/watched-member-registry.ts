@@ -73,6 +73,8 @@ export class WatchedMemberRegistry implements MembershipSource {
    * listing need not wait for the read (viewMayMissMembers).
    */
   private lostAt: number | undefined;
+  /** Disconnects seen: a read that succeeds after a later one does not make the view current (lostAt). */
+  private disconnects = 0;
   /** The pauses between retries in flight: stop() ends them. */
   private readonly pauses = new Set<() => void>();
   /** Per read in flight (reconnects may follow each other), the keys the watch delivered meanwhile: what it delivered is newer. */
@@ -80,7 +82,8 @@ export class WatchedMemberRegistry implements MembershipSource {
   private connectionStatus: AsyncIterable<Status> | undefined;
   /**
    * The refusal the bucket's config earned when checked again (see `assertBucket`): listings refuse
-   * with it, as the coordinator's start would have, until a later check passes.
+   * with it, as the coordinator's start would have, until a later check passes (each listing
+   * checks again while it stands: refusedStill).
    */
   private refusal: CheckpointError | undefined;
   /** onIncarnationChange's listeners, per member key. */
@@ -122,7 +125,10 @@ export class WatchedMemberRegistry implements MembershipSource {
     this.connectionStatus = status;
     void (async () => {
       for await (const s of status) {
-        if (s.type === "disconnect") this.lostAt ??= this.clock.monotonic();
+        if (s.type === "disconnect") {
+          this.lostAt ??= this.clock.monotonic();
+          this.disconnects += 1;
+        }
         if (s.type === "reconnect" && !this.stopped) void this.reseedAfterReconnect();
       }
     })().catch((error: unknown) => this.logger?.warn({ err: error }, "membership_status_watch_failed"));
@@ -135,6 +141,7 @@ export class WatchedMemberRegistry implements MembershipSource {
    */
   private async reseedAfterReconnect(): Promise<void> {
     const round = ++this.reseedRound;
+    const disconnects = this.disconnects;
     const succeeded = await this.retrying("membership_reseed_failed", () => this.stopped || round !== this.reseedRound, () => {
       const attempt = this.reseedOnce();
       // A listing waiting on it goes on with the view either way (the failure is logged by retrying).
@@ -144,7 +151,8 @@ export class WatchedMemberRegistry implements MembershipSource {
       this.reseeding = reseeding;
       return attempt;
     });
-    if (succeeded && round === this.reseedRound) this.lostAt = undefined;
+    // Lost again while it read (not reconnected yet): the view is not current, whatever this read saw.
+    if (succeeded && round === this.reseedRound && disconnects === this.disconnects) this.lostAt = undefined;
   }
 
   /**
@@ -159,7 +167,8 @@ export class WatchedMemberRegistry implements MembershipSource {
         return true;
       } catch (error) {
         this.logger?.warn({ err: error, attempt: n }, event);
-        if (n >= RESEED_ATTEMPTS) return false;
+        // Stopped while it was in flight: no pause (stop() ended those already) nor another try.
+        if (n >= RESEED_ATTEMPTS || ended()) return false;
       }
       await this.pause(equalJitter(Math.min(5_000, 100 * 2 ** n), this.clock.random));
     }
@@ -168,6 +177,8 @@ export class WatchedMemberRegistry implements MembershipSource {
 
   /** A real-time pause (a test clock's sleep returns at once) that stop() ends early. */
   private pause(ms: number): Promise<void> {
+    // Taken after stop() (an attempt in flight failed since): nothing would end it.
+    if (this.stopped) return Promise.resolve();
     return new Promise((resolve) => {
       const end = () => {
         clearTimeout(timer);
@@ -187,7 +198,8 @@ export class WatchedMemberRegistry implements MembershipSource {
 
   /**
    * `assertBucket`, its refusal kept for listings (logged once per reason) rather than thrown:
-   * retrying cannot change the config, and a bucket re-created again is checked again. Anything
+   * retrying the read cannot change the config; a bucket re-created again, or a listing while it
+   * stands, checks again. Anything
    * else (NATS not answering) is thrown, for the read to be retried.
    */
   private async reassertBucket(): Promise<void> {
@@ -426,9 +438,21 @@ export class WatchedMemberRegistry implements MembershipSource {
     return this.lostAt !== undefined && this.clock.monotonic() - this.lostAt >= this.ttlMs - MEMBER_HEARTBEAT_MS;
   }
 
+  /**
+   * The refusal `assertBucket` keeps, checked again first: a bucket fixed in place (`nats stream
+   * edit` dropping a stray subject or source) is neither re-created nor read again after a
+   * reconnect, so the refusal would otherwise outlive the fault until the next one. Asserting fails
+   * otherwise (NATS not answering): the refusal stands.
+   */
+  private async refusedStill(): Promise<CheckpointError | undefined> {
+    if (this.refusal) await this.reassertBucket().catch(() => undefined);
+    return this.refusal;
+  }
+
   async list(): Promise<ParticipantRef[]> {
     if (this.viewMayMissMembers()) await this.reseeding;
-    if (this.refusal) throw this.refusal;
+    const refusal = await this.refusedStill();
+    if (refusal) throw refusal;
     return this.members().map((m) => ({ kind: m.kind, instance: m.instance }));
   }
 
@@ -439,7 +463,8 @@ export class WatchedMemberRegistry implements MembershipSource {
 
   async unreadable(): Promise<UnreadableMember[]> {
     if (this.viewMayMissMembers()) await this.reseeding;
-    if (this.refusal) throw this.refusal;
+    const refusal = await this.refusedStill();
+    if (refusal) throw refusal;
     return this.unreadableMembers();
   }
 

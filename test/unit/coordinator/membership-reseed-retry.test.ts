@@ -1,4 +1,5 @@
-import type { KV } from "@nats-io/kv";
+import { Bucket, type KV } from "@nats-io/kv";
+import type { Status } from "@nats-io/transport-node";
 import { afterEach, describe, expect, it, vi } from "vitest";
 import { WatchedMemberRegistry } from "../../../coordinator/membership/watched-member-registry.js";
 import type { KvMemberRegistry } from "../../../coordinator/membership/member-registry.js";
@@ -12,6 +13,7 @@ interface RegistryInternals {
   lostAt: number | undefined;
   readBucket(): Promise<Read>;
   reseedAfterReconnect(): Promise<void>;
+  followConnection(): void;
   rewatch(): Promise<void>;
   remember(key: string, cached: { member: Member; seenAt: number; revision: number }): void;
 }
@@ -38,6 +40,33 @@ function registry(clock = new TestClock()) {
 /** Whether `promise` settled within one turn of the event loop (it awaited nothing outstanding). */
 async function settlesAtOnce(promise: Promise<unknown>): Promise<boolean> {
   return Promise.race([promise.then(() => true), new Promise<boolean>((resolve) => setImmediate(() => resolve(false)))]);
+}
+
+/**
+ * A connection's status events, fed by the test to a registry over a stand-in Bucket. `emit`
+ * resolves once the registry asked for the next event: the one emitted was handled.
+ */
+function statusFeed() {
+  const queued: Status[] = [];
+  let pulled: (() => void) | undefined;
+  let arrived: (() => void) | undefined;
+  const iterator: AsyncIterableIterator<Status> = {
+    [Symbol.asyncIterator]: () => iterator,
+    async next() {
+      pulled?.();
+      while (queued.length === 0) await new Promise<void>((resolve) => (arrived = resolve));
+      return { value: queued.shift()!, done: false };
+    },
+  };
+  const connection = { status: () => iterator };
+  const kv = Object.assign(Object.create(Bucket.prototype) as Bucket, { jsm: { getConnection: () => connection } });
+  const emit = (status: Status) =>
+    new Promise<void>((resolve) => {
+      pulled = resolve;
+      queued.push(status);
+      arrived?.();
+    });
+  return { kv: kv as unknown as KV, emit };
 }
 
 afterEach(() => vi.restoreAllMocks());
@@ -83,20 +112,45 @@ describe("membership re-read after a reconnect", () => {
   });
 
   it("stops retrying when the registry stops, its pause cut short", async () => {
+    // The pause, taken for real (200 ms): the test goes on once it is.
+    let paused!: () => void;
+    const pauseTaken = new Promise<void>((resolve) => (paused = resolve));
+    const realSetTimeout = globalThis.setTimeout;
+    vi.spyOn(globalThis, "setTimeout").mockImplementation(((fn: () => void, ms?: number) => {
+      paused();
+      return realSetTimeout(fn, ms);
+    }) as typeof setTimeout);
     const { watched, internals } = registry();
     let reads = 0;
-    let failed!: () => void;
-    const firstFailure = new Promise<void>((resolve) => (failed = resolve));
     internals.readBucket = async () => {
       reads += 1;
-      failed();
       throw new Error("JetStream not available");
     };
     const retrying = internals.reseedAfterReconnect();
-    await firstFailure;
+    await pauseTaken;
     watched.stop();
-    // The pause (up to 200 ms real time) ends with the stop, and no read follows it.
-    await retrying;
+    // The pause ends with the stop, and no read follows it.
+    expect(await settlesAtOnce(retrying)).toBe(true);
+    expect(reads).toBe(1);
+  });
+
+  it("takes no pause and no other try after a failure of the attempt in flight when it stopped", async () => {
+    const { watched, internals } = registry();
+    let reads = 0;
+    let fail!: (error: Error) => void;
+    let asked!: () => void;
+    const readAsked = new Promise<void>((resolve) => (asked = resolve));
+    internals.readBucket = () => {
+      reads += 1;
+      asked();
+      return new Promise<Read>((_, reject) => (fail = reject));
+    };
+    const retrying = internals.reseedAfterReconnect();
+    await readAsked;
+    watched.stop();
+    fail(new Error("connection closed"));
+    // A pause taken after stop() (200 ms real time here) would outlive it: nothing ends it.
+    expect(await settlesAtOnce(retrying)).toBe(true);
     expect(reads).toBe(1);
   });
 
@@ -196,6 +250,46 @@ describe("listing members while the re-read after a reconnect is in flight", () 
   });
 });
 
+describe("listing members after the connection was lost again while the re-read was in flight", () => {
+  it("waits for the next re-read once that outage is long enough, though the earlier read succeeded", async () => {
+    const { kv, emit } = statusFeed();
+    const clock = new TestClock();
+    const watched = new WatchedMemberRegistry(kv, undefined, clock);
+    const internals = watched as unknown as RegistryInternals;
+    const answers: ((read: Read) => void)[] = [];
+    let asked!: () => void;
+    let readAsked = new Promise<void>((resolve) => (asked = resolve));
+    internals.readBucket = () =>
+      new Promise<Read>((resolve) => {
+        answers.push(resolve);
+        asked();
+      });
+    internals.followConnection();
+    try {
+      await emit({ type: "disconnect", server: "127.0.0.1:4222" } as Status);
+      // What the reconnect runs, awaited here: that read is over before the next reconnect.
+      const firstRead = internals.reseedAfterReconnect();
+      await readAsked;
+      // Lost again before that read's answer came (its requests were answered just before).
+      await emit({ type: "disconnect", server: "127.0.0.1:4222" } as Status);
+      answers[0]!(holding("live"));
+      await firstRead;
+      // Long enough that "live" ages out of the view unless a read after the reconnect shows it.
+      clock.current += MEMBER_TTL_MS;
+      readAsked = new Promise<void>((resolve) => (asked = resolve));
+      await emit({ type: "reconnect", server: "127.0.0.1:4222" } as Status);
+      await readAsked;
+      const listing = watched.list();
+      // The view is not current: the read after this reconnect is waited for, not an empty view answered.
+      expect(await settlesAtOnce(listing)).toBe(false);
+      answers[1]!(holding("live"));
+      expect(await listing).toEqual([{ kind: "model", instance: "live" }]);
+    } finally {
+      watched.stop();
+    }
+  });
+});
+
 // The bucket's config is asserted again before each such read, as the coordinator's start does.
 describe("the members bucket's config, asserted again after a reconnect", () => {
   it("refuses listings with what the assertion refused, until an assertion passes", async () => {
@@ -217,6 +311,44 @@ describe("the members bucket's config, asserted again after a reconnect", () => 
       refusal = undefined;
       await internals.reseedAfterReconnect();
       expect(await watched.list()).toEqual([{ kind: "model", instance: "live" }]);
+    } finally {
+      watched.stop();
+    }
+  });
+
+  it("lets listings through once the bucket is fixed in place, with no reconnect or re-creation", async () => {
+    pausesCut();
+    let refusal: CheckpointError | undefined = new CheckpointError("invalid_request", "KV bucket gym_ckpt_d_members also takes in subject(s) stray.>");
+    const assertBucket = async () => {
+      if (refusal) throw refusal;
+    };
+    const watched = new WatchedMemberRegistry({} as KV, undefined, new TestClock(), MEMBER_TTL_MS, MEMBER_HEARTBEAT_MS, assertBucket);
+    const internals = watched as unknown as RegistryInternals;
+    internals.readBucket = async () => holding("live");
+    try {
+      await internals.reseedAfterReconnect();
+      expect((await refusalOf(watched.list())).code).toBe("invalid_request");
+      refusal = undefined; // `nats stream edit` dropped the stray subject
+      expect(await watched.list()).toEqual([{ kind: "model", instance: "live" }]);
+      expect(await watched.unreadable()).toEqual([]);
+    } finally {
+      watched.stop();
+    }
+  });
+
+  it("keeps refusing listings when asserting again fails otherwise (NATS not answering)", async () => {
+    pausesCut();
+    let failure: Error = new CheckpointError("invalid_request", "KV bucket gym_ckpt_d_members is sealed");
+    const assertBucket = async () => {
+      throw failure;
+    };
+    const watched = new WatchedMemberRegistry({} as KV, undefined, new TestClock(), MEMBER_TTL_MS, MEMBER_HEARTBEAT_MS, assertBucket);
+    const internals = watched as unknown as RegistryInternals;
+    internals.readBucket = async () => holding("live");
+    try {
+      await internals.reseedAfterReconnect();
+      failure = new Error("TIMEOUT");
+      expect((await refusalOf(watched.list())).code).toBe("invalid_request");
     } finally {
       watched.stop();
     }
