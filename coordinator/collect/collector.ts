@@ -1441,12 +1441,16 @@ export class Collector {
    * has none open: nobody else will (their controller is gone, its resume lost), and they refuse
    * every retire until their lease expires. The refusal names the checkpoint only in its text, the
    * status names it as data. With a checkpoint open at the coordinator nothing is resumed (another
-   * controller's op may be under way, and the coordinator itself refused): false, as when no
-   * participant holds one.
+   * controller's op may be under way, and the coordinator itself refused), nor with a status that
+   * is not the ready (recovered) leader's: false, as when no participant holds one.
    */
   private async resumeParkedElsewhere(refusal: unknown): Promise<boolean> {
     const status = await this.ownOps.resent("start-up status", undefined, () => this.options.controller.status());
-    if (status.checkpoint) return false;
+    // Only the ready leader's "nothing open" counts: a follower (over HTTP) or a leader still
+    // recovering answers null while the leader has (or recovery reopens) another controller's
+    // checkpoint, prepared or restored between its steps, which the resume would abort or end.
+    const { leader, ready } = status.coordinator;
+    if (status.checkpoint || !leader || !ready) return false;
     const held = [...new Set(status.participants.filter((p) => p.checkpoint_id && p.phase !== null && p.phase !== "idle").map((p) => p.checkpoint_id!))];
     for (const id of held) {
       this.options.logger.warn({ checkpoint_id: id, err: refusal }, "the start's retire was refused by participants still parked in a checkpoint nobody resumed; resuming it");

@@ -830,6 +830,16 @@ export class CheckpointEngine {
     return [...members, ...registered.filter((m) => !known.has(memberKey(m.kind, m.instance)))];
   }
 
+  /**
+   * The leadership as `status` reports it: ready only once recovery ran too, as ops are served.
+   * Until then `checkpoint` is null while a predecessor's may be journaled (recovery opens it again),
+   * and a reader acting on "nothing open" (the collector's start) must not take it for the leader's word.
+   */
+  private servingState(): ReturnType<Leadership["state"]> {
+    const state = this.options.leadership.state();
+    return { ...state, ready: state.ready && this.recovered };
+  }
+
   /** Status of every registered participant (one directed status request each); no lock needed. */
   async status(): Promise<CtlReplyOf<"status">> {
     const registered = await this.options.membership.list();
@@ -843,7 +853,7 @@ export class CheckpointEngine {
     const outcomes = [...(await this.probeStatuses(members)), ...absent].sort((a, b) => byMemberKey(a.participant, b.participant));
     return {
       deployment: this.options.deployment,
-      coordinator: this.options.leadership.state(),
+      coordinator: this.servingState(),
       checkpoint: this.openCheckpoint,
       participants: outcomes.map((o) =>
         o.ok

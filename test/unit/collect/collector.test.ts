@@ -128,7 +128,7 @@ function fakeController(overrides: Partial<Record<keyof CollectorController, (re
     },
     async status() {
       const held = state.open && state.heldParked ? [{ kind: "environment", instance: "e1", phase: "committed", checkpoint_id: state.open.checkpoint_id }] : [];
-      return { checkpoint: state.open, participants: held };
+      return { coordinator: { id: "c1", leader: true, ready: true, epoch: 1 }, checkpoint: state.open, participants: held };
     },
     async get(id: string) {
       return { latest: id === state.latest, manifest: { controller_state: state.published[id] } };
@@ -1325,7 +1325,7 @@ describe("collector", () => {
         return { participants: [] };
       },
       // The coordinator has nothing open; the participant's status names what it holds.
-      status: async () => ({ checkpoint: null, participants: parked ? [{ kind: "model", instance: "m1", phase, checkpoint_id: parkedIn }] : [] }),
+      status: async () => ({ coordinator: { id: "c1", leader: true, ready: true, epoch: 1 }, checkpoint: null, participants: parked ? [{ kind: "model", instance: "m1", phase, checkpoint_id: parkedIn }] : [] }),
       // As the engine answers a resume of an id it does not have open: the processes holding it are resumed.
       resume: async (req: never) => {
         calls.push({ op: "resume", req });
@@ -1338,6 +1338,32 @@ describe("collector", () => {
     await collector.start();
     expect(calls.filter((c) => c.op === "resume" || c.op === "retire").map((c) => `${c.op}:${String(c.req.checkpoint_id ?? "")}`)).toEqual(["retire:", `resume:${parkedIn}`, "retire:"]);
     expect(await collector.run()).toMatchObject({ finished: 1, failed: 0 });
+  });
+
+  // "Nothing open" is the ready leader's word only: a follower (status over HTTP) or a leader still
+  // recovering answers checkpoint null while another controller's checkpoint is open at the leader
+  // (prepared between its steps: the coordinator itself refused the retire) or journaled for its
+  // recovery. Resuming it would abort that controller's checkpoint.
+  it.each([
+    ["a follower", { id: "c2", leader: false, ready: false, epoch: null }],
+    ["a leader still recovering", { id: "c1", leader: true, ready: false, epoch: 2 }],
+  ] as const)("a start's retire refused invalid_phase, the status answered by %s: nothing resumed, the start fails with that refusal", async (_who, coordinator) => {
+    await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    const othersId = "ckpt-20240101T000000-cccccccc";
+    const { controller, calls } = fakeController({
+      retire: async (req: never) => {
+        calls.push({ op: "retire", req });
+        throw new CheckpointError("invalid_phase", `checkpoint ${othersId} is prepared; retire is not allowed`);
+      },
+      status: async () => ({ coordinator, checkpoint: null, participants: [{ kind: "model", instance: "m1", phase: "prepared", checkpoint_id: othersId }] }),
+      resume: async (req: never) => {
+        calls.push({ op: "resume", req });
+        return { checkpoint_id: othersId, participants: [] };
+      },
+    });
+    const url = await runServer(() => ({ status: 200, body: { reward: 1 } }));
+    await expect(collectorFor(controller, url).start()).rejects.toMatchObject({ code: "invalid_phase" });
+    expect(calls.filter((c) => c.op === "resume")).toEqual([]);
   });
 
   it("a start's retire refused checkpoint_conflict while no participant's status shows a checkpoint held: the start fails with that refusal, nothing resumed", async () => {

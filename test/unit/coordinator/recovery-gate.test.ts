@@ -29,7 +29,10 @@ describe("controller ops wait for recovery (the daemon's engine)", () => {
     expect(fake.calls).toHaveLength(0);
     expect(journal.log).toHaveLength(0);
     expect((await engine.status()).participants).toHaveLength(5); // read-only, served anyway
+    // Not ready until recovered: its `checkpoint: null` says nothing of a predecessor's left journaled.
+    expect((await engine.status()).coordinator).toMatchObject({ leader: true, ready: false });
     await engine.recover();
+    expect((await engine.status()).coordinator).toMatchObject({ leader: true, ready: true });
     expect(engine.recovered).toBe(true);
     await engine.prepare({ checkpoint_id: "g1" });
     engine.leadershipLost();
