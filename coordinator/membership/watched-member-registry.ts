@@ -68,9 +68,8 @@ export class WatchedMemberRegistry implements MembershipSource {
   /** Bumped per reconnect: an earlier reconnect's retries stop, the later one reads again. */
   private reseedRound = 0;
   /**
-   * When (monotonic) this process's connection was lost, until a read after it succeeds: cut off
-   * for less than the TTL less a heartbeat, every member still beating is in the view yet, and a
-   * listing need not wait for the read (viewMayMissMembers).
+   * When (monotonic) this process's connection was lost, until a read after it succeeds: listings
+   * wait for the read in flight meanwhile (viewMayMissMembers).
    */
   private lostAt: number | undefined;
   /** Disconnects seen: a read that succeeds after a later one does not make the view current (lostAt). */
@@ -427,15 +426,15 @@ export class WatchedMemberRegistry implements MembershipSource {
   }
 
   /**
-   * Whether the view may lack a member that kept beating: the connection lost (and not read again
-   * since) for a TTL less a heartbeat or longer, long enough for a member's last beat seen before
-   * to age out. A shorter outage left every live member in the view: a listing answers at once
-   * rather than wait for the read after the reconnect (up to a JetStream request timeout, 5 s).
-   * A member that stopped during the outage may still be listed then, as one stopping while a
-   * checkpoint opens is.
+   * Whether the view may be stale: the connection was lost and the bucket not read since. However
+   * short the outage, what changed during it reaches the watch only once its consumer resets: a
+   * member that joined is missing (a retire, the fence, would not reach it), one that left is still
+   * listed (a prepare waits out its probes and fails), and one cut off longer than the TTL less a
+   * heartbeat aged out. A listing waits for the read in flight (up to a JetStream request timeout,
+   * 5 s), not for the pauses between reads, nor once they gave up.
    */
   private viewMayMissMembers(): boolean {
-    return this.lostAt !== undefined && this.clock.monotonic() - this.lostAt >= this.ttlMs - MEMBER_HEARTBEAT_MS;
+    return this.lostAt !== undefined;
   }
 
   /**

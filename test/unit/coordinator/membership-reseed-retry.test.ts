@@ -212,17 +212,24 @@ describe("membership read after the watch is opened afresh", () => {
 });
 
 describe("listing members while the re-read after a reconnect is in flight", () => {
-  it("answers from the view at once after an outage too short for a live member to age out", async () => {
+  // However short the outage, what changed during it is not in the view until the watch's consumer
+  // resets: answered from the view, a listing missed a member that joined (a retire, the fence, did
+  // not reach it) and still listed one that left (a prepare waited out its probes and failed).
+  it("waits for the read after an outage too short for a live member to age out: who joined or left meanwhile is listed as the bucket holds", async () => {
     const { watched, internals, clock } = registry();
     internals.remember("model.live", { member: member("live"), seenAt: clock.monotonic(), revision: 1 });
-    internals.readBucket = () => new Promise<Read>(() => undefined); // JetStream not answering (yet)
+    internals.remember("model.left", { member: member("left"), seenAt: clock.monotonic(), revision: 2 });
+    let answer!: (read: Read) => void;
+    internals.readBucket = () => new Promise<Read>((resolve) => (answer = resolve));
     internals.lostAt = clock.monotonic();
     clock.current += 1_000;
-    void internals.reseedAfterReconnect();
+    const reseeding = internals.reseedAfterReconnect();
     try {
       const listing = watched.list();
-      expect(await settlesAtOnce(listing)).toBe(true);
-      expect(await listing).toEqual([{ kind: "model", instance: "live" }]);
+      expect(await settlesAtOnce(listing)).toBe(false);
+      answer(holding("live", "joined"));
+      expect((await listing).map((m) => m.instance)).toEqual(["joined", "live"]);
+      await reseeding;
     } finally {
       watched.stop();
     }
