@@ -2158,12 +2158,16 @@ export class CheckpointEngine {
   /**
    * Those of `members` the membership registry still lists (an entry it cannot read counts: the
    * participant still sends its heartbeat). A clean-up sends again only to them. A registry that
-   * cannot be read lists them all: a resend costs a pause, giving up may leave attempt+1 held.
+   * cannot be read lists them all: a resend costs a pause, giving up may leave attempt+1 held. So
+   * does one whose view is stale (this coordinator's own connection lost, not read since): cut off
+   * for a TTL, it ages every member out, and their absence says nothing of them.
    */
   private async stillListed(members: readonly ParticipantRef[]): Promise<ReadonlySet<ParticipantRef>> {
     try {
       const { membership } = this.options;
       const keys = new Set((await membership.list()).map((m) => memberKey(m.kind, m.instance)));
+      // After the listing: it waits for a read in flight, which makes the view current again.
+      if (membership.viewCurrent?.() === false) return new Set(members);
       for (const u of (await membership.unreadable?.()) ?? []) keys.add(u.key);
       return new Set(members.filter((m) => keys.has(memberKey(m.kind, m.instance))));
     } catch (error) {

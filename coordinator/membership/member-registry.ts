@@ -28,6 +28,11 @@ export interface MembershipSource {
    * announcing itself); returns the unsubscribe. Lets a request to the old process stop waiting.
    */
   onIncarnationChange?(member: ParticipantRef, listener: () => void): () => void;
+  /**
+   * False while this source's own view may be stale (its connection lost and the bucket not read
+   * since): a member it does not list may be live. Absent: always current.
+   */
+  viewCurrent?(): boolean;
 }
 
 /**

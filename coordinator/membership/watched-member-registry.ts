@@ -448,6 +448,10 @@ export class WatchedMemberRegistry implements MembershipSource {
     return this.refusal;
   }
 
+  viewCurrent(): boolean {
+    return !this.viewMayMissMembers();
+  }
+
   async list(): Promise<ParticipantRef[]> {
     if (this.viewMayMissMembers()) await this.reseeding;
     const refusal = await this.refusedStill();

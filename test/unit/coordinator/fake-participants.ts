@@ -595,6 +595,13 @@ export class FakeMembership implements MembershipSource {
     return this.listeners.get(`${m.kind}.${m.instance}`)?.size ?? 0;
   }
 
+  /** False: this coordinator's own connection is lost, its view not read since (viewCurrent). */
+  current = true;
+
+  viewCurrent(): boolean {
+    return this.current;
+  }
+
   /** Its entry is gone from the registry (its heartbeat lapsed, or it left): list() no longer shows it. */
   leave(m: ParticipantRef): void {
     this.left.add(`${m.kind}.${m.instance}`);

@@ -227,9 +227,11 @@ describe("listing members while the re-read after a reconnect is in flight", () 
     try {
       const listing = watched.list();
       expect(await settlesAtOnce(listing)).toBe(false);
+      expect(watched.viewCurrent()).toBe(false);
       answer(holding("live", "joined"));
       expect((await listing).map((m) => m.instance)).toEqual(["joined", "live"]);
       await reseeding;
+      expect(watched.viewCurrent()).toBe(true);
     } finally {
       watched.stop();
     }

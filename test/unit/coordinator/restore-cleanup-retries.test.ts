@@ -167,6 +167,31 @@ describe("a failed restore's clean-up at a participant the membership registry n
     expect(clock.now()).toBeLessThan(started + 5000); // 100 + 200 ms of pauses, not the 30 s window
   });
 
+  // Cut off itself, the coordinator's view ages every member out: before, that emptied view gave
+  // up every participant at once, named "not in the membership registry any more", though nothing
+  // was known of them, and attempt+1 stayed held where a resend after the reconnect would retire it.
+  it("is not given up while this coordinator's own view is stale (its connection lost): sent again until the deadline", async () => {
+    const { engine, fake, clock, journal, membership } = makeEngine(root);
+    await engine.checkpoint({ checkpoint_id: "c7", episode_ids: null, stop: false, controller_state: null });
+    await journalEmptied(journal);
+    fake.set("environment", "e1", "restore", { error: "storage_error" });
+    fake.set("model", "m1", "retire", "unreachable");
+    const request = fake.request.bind(fake);
+    fake.request = async (subject, body, options) => {
+      if (subject.endsWith(".model.m1.retire")) {
+        // This coordinator's connection lost long enough for every entry to age out of its view.
+        membership.current = false;
+        for (const m of FOUR_KINDS) membership.leave(m);
+      }
+      return request(subject, body, options);
+    };
+    const failed = await refusalOf(engine.restore({ checkpoint_id: "c7", deadline_ts: clock.now() / 1000 + 10, episode_ids: SCOPE }));
+    expect(failed.code).toBe("restore_failed");
+    expect(triesAtM1(fake, "retire", "c7").length).toBeGreaterThan(1);
+    expect(failed.message).toMatch(/^attempt\+1 could not be retired at model\/m1 \(unreachable: /);
+    expect(failed.message).not.toMatch(/not in the membership registry/);
+  });
+
   it("gives up its retire too, and names it as not retired", async () => {
     const { engine, fake, clock, journal, membership } = makeEngine(root);
     await engine.checkpoint({ checkpoint_id: "c6", episode_ids: null, stop: false, controller_state: null });
