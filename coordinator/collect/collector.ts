@@ -226,7 +226,7 @@ export class Collector {
   private doneBefore = 0;
   private lastCheckpointAt: number | undefined;
   private stopping = false;
-  /** halt() was called: no /run is sent and no reply taken any more. */
+  /** halt() was called, or the collection failed (stopSending): no /run is sent or logged and no reply taken any more. */
   private halted = false;
   /**
    * Aborted by halt({ resumeCheckpoint }) (a SIGINT, a SIGHUP): a checkpoint (not a stop) under way
@@ -767,20 +767,28 @@ export class Collector {
       if (new URL(String(origin)).origin === runOrigin) this.runUrlBack(this.unreachable.sending());
     };
     UNTIMED_DISPATCHER.on("connect", connected);
+    let workers: Promise<void>[] = [];
     try {
       // Before the first /run: a --new-collection after this one tells by it that no row finished yet.
       await createResultsIfAbsent(this.options.outPath);
-      const workers = Array.from({ length: concurrency }, () => this.worker());
+      // A worker that fails (results.jsonl cannot be appended) stops the others at once, before its
+      // rejection reaches this catch: start no other row and drop the /runs in flight, whose results
+      // could not be kept either (they are logged: the next start retires them).
+      workers = Array.from({ length: concurrency }, () =>
+        this.worker().catch((error: unknown) => {
+          this.stopSending();
+          throw error;
+        }),
+      );
       await Promise.all(workers);
       if (this.resultsLost) throw this.resultsLost;
     } catch (error) {
       this.ended = true;
-      // A worker failed (results.jsonl cannot be appended): start no other row and drop the /runs
-      // in flight, whose results could not be kept either (they are logged: the next start retires them).
-      this.stopping = true;
-      this.runTimeouts.abortAll();
-      this.admission.wakeAll();
-      this.unreachable.wakeAll();
+      this.stopSending();
+      // Every worker comes back before run() rejects, so nothing is logged or sent once it has (its
+      // caller releases the lock and exits). Bounded: a worker held by storage that hangs (a task
+      // line or dispatched.jsonl on a dead mount) does not hold the failure for ever.
+      await this.workersBack(workers);
       this.ownOps.end();
       clearInterval(this.timer);
       clearTimeout(this.retireRetry);
@@ -862,6 +870,16 @@ export class Collector {
     this.options.logger.error({ err: error }, "results.jsonl could not be synced; the collection stops, and the rows cut from it run again at the next start");
     // As after a failed append: nothing more is sent, and the /runs in flight are dropped (their
     // lines could not be kept either; the next start retires them).
+    this.stopSending();
+  }
+
+  /**
+   * The collection failed: no row is sent or logged any more and no reply is taken (halted), the
+   * /runs in flight are aborted, and every worker parked (for rows, for our checkpoint to end, for
+   * --run-url or admission) wakes to see it and comes back.
+   */
+  private stopSending(): void {
+    this.halted = true;
     this.stopping = true;
     this.runTimeouts.abortAll();
     clearInterval(this.timer);
@@ -869,6 +887,17 @@ export class Collector {
     for (const wake of this.gateWaiters.splice(0)) wake();
     this.admission.wakeAll();
     this.unreachable.wakeAll();
+  }
+
+  /**
+   * Waits for the workers to come back once stopSending() woke them: their /runs are aborted, so
+   * only storage can hold one (a task line read, a dispatched.jsonl append); at most --run-timeout-s.
+   */
+  private async workersBack(workers: Promise<void>[]): Promise<void> {
+    const back = new AbortController();
+    const ended = Promise.allSettled(workers).then(() => true);
+    const inTime = await Promise.race([ended, delay(this.runTimeoutMs / 1000, back.signal).then(() => false)]).finally(() => back.abort());
+    if (!inTime) this.options.logger.warn({ wait_s: this.runTimeoutMs / 1000 }, "a worker did not come back within --run-timeout-s of the collection failing (its storage hangs?); failing without it");
   }
 
   private async worker(): Promise<void> {
@@ -906,6 +935,8 @@ export class Collector {
     // row is sent: held for every row, the tasks filled the heap. Before the attempt is logged: a
     // line changed since start-up sends nothing.
     const task = await loadTask(state.row);
+    // Halted (or failed) while its line was read: nothing is logged any more.
+    if (this.halted) return;
     // Once per attempt: an admission_closed retry sends the same attempt again. On disk before the
     // /run goes out: after a power loss the next start must find it, to retire it.
     await this.log.record(episode);
@@ -1703,9 +1734,9 @@ export class Collector {
     for (const wake of this.gateWaiters.splice(0)) wake();
   }
 
-  /** Waits while a checkpoint of ours is open. */
+  /** Waits while a checkpoint of ours is open; not once stopping (nothing is sent then: a worker comes back at once). */
   private async waitForGate(): Promise<void> {
-    if (this.gateOpen) return;
+    if (this.gateOpen || this.stopping) return;
     await new Promise<void>((resolve) => this.gateWaiters.push(resolve));
   }
 

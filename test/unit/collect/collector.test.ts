@@ -6,6 +6,8 @@ import pino from "pino";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { Collector, type CollectorController, type CollectorOptions } from "../../../coordinator/collect/collector.js";
 import { DispatchLog } from "../../../coordinator/collect/dispatch-log.js";
+import type { TaskFile } from "../../../coordinator/collect/task-file.js";
+import { TaskLineRef } from "../../../coordinator/collect/task-rows.js";
 import { ProgressReporter } from "../../../coordinator/collect/progress-reporter.js";
 import { appendResult, readResults } from "../../../coordinator/collect/results-file.js";
 import { DEFAULT_RETRY_PAUSES } from "../../../coordinator/collect/retry-pauses.js";
@@ -1819,26 +1821,90 @@ describe("collector failures", () => {
     const url = `http://127.0.0.1:${(server.address() as { port: number }).port}/run`;
     const { controller } = fakeController();
     const rows = ["a", "b", "c", "d"].map((rolloutId) => ({ rolloutId, task: {} }));
-    // A worker reports progress once a /run of its has ended: no /run ends before a's fails, so the
-    // first report is b's worker back from its dropped /run (a's worker fails with the append).
+    // A worker reports progress once a /run of its has ended: no /run ends before a's fails, so a
+    // report is b's worker back from its dropped /run (a's worker fails with the append).
     let reports = 0;
     const progress = { start: () => undefined, update: () => void reports++, finish: () => undefined, now: () => Date.now() } as unknown as ProgressReporter;
-    // Every attempt is logged before its /run goes out: a worker that went on after the failure
-    // would log its next one right after its report (no I/O between), well before that /run arrives.
-    const logged = vi.spyOn(DispatchLog.prototype, "record");
-    try {
-      const collector = collectorFor(controller, url, { rows, concurrency: 2, outPath: out, progress });
-      await collector.start();
-      await expect(collector.run()).rejects.toMatchObject({ code: "EISDIR" });
-      await waitUntil(() => dropped, "the /run of b to be dropped", 5000);
-      await waitUntil(() => reports > 0, "b's worker back from its dropped /run", 5000);
-      await new Promise((resolve) => setImmediate(resolve)); // what that worker does next without I/O is done
-      // no row was sent after the failure, nor logged to be sent
-      expect(logged.mock.calls.map(([episode]) => episode.rollout_id).sort()).toEqual(["a", "b"]);
-      expect(requests.sort()).toEqual(["a", "b"]);
-    } finally {
-      logged.mockRestore();
-    }
+    const collector = collectorFor(controller, url, { rows, concurrency: 2, outPath: out, progress });
+    await collector.start();
+    await expect(collector.run()).rejects.toMatchObject({ code: "EISDIR" });
+    // Every worker came back before run() rejected (b's from its dropped /run), so no row was sent
+    // after the failure, nor logged to be sent, nor can be any more.
+    expect(reports).toBe(1);
+    expect(requests.sort()).toEqual(["a", "b"]);
+    expect([...(await DispatchLog.read(join(dir, "dispatched.jsonl")))!.latest.keys()].sort()).toEqual(["a", "b"]);
+    await waitUntil(() => dropped, "the /run of b to be dropped", 5000);
+  });
+
+  it("a run that fails waits at most --run-timeout-s for a worker its storage holds", { timeout: 10_000 }, async () => {
+    const out = join(dir, "results.jsonl");
+    const url = await runServer(async () => {
+      await unappendable(out);
+      return { status: 200, body: { reward: 1 } };
+    });
+    // b's line is read from a tasks file whose read never ends (a dead mount).
+    const hung = { path: join(dir, "tasks.jsonl"), read: () => new Promise<Buffer>(() => undefined), close: async () => undefined } as unknown as TaskFile;
+    const rows = [
+      { rolloutId: "b", task: new TaskLineRef(hung, 1, 0, 2, "") },
+      { rolloutId: "a", task: {} },
+    ];
+    const { log, lines } = capturingLogger();
+    const collector = collectorFor(fakeController().controller, url, { rows, concurrency: 2, outPath: out, runTimeoutSeconds: 0.5, logger: log });
+    await collector.start();
+    await expect(collector.run()).rejects.toMatchObject({ code: "EISDIR" });
+    expect(lines.filter((l) => l.msg.startsWith("a worker did not come back")).length).toBe(1);
+  });
+
+  it("a run that fails while a row waits for our checkpoint to end rejects once that row's worker is back: nothing is sent after it", { timeout: 10_000 }, async () => {
+    const out = join(dir, "results.jsonl");
+    const requests: string[] = [];
+    const answers = new Map<string, (status: number, body: unknown) => void>();
+    let refusalSent = false;
+    server = createServer((req, res) => {
+      let data = "";
+      req.on("data", (chunk: Buffer) => (data += chunk.toString()));
+      req.on("end", () => {
+        const { rollout_id } = JSON.parse(data) as RunRequest;
+        requests.push(rollout_id);
+        answers.set(rollout_id, (status, body) => {
+          res.on("finish", () => void (rollout_id === "b" && (refusalSent = true)));
+          res.writeHead(status, { "content-type": "application/json" }).end(JSON.stringify(body));
+        });
+      });
+    });
+    await new Promise<void>((resolve) => server!.listen(0, "127.0.0.1", resolve));
+    const url = `http://127.0.0.1:${(server.address() as { port: number }).port}/run`;
+    // Our checkpoint stays open (its prepare unanswered) until the test lets it go on.
+    const prepared = deferred();
+    let preparing = false;
+    const fake = fakeController({
+      prepare: async (req: never) => {
+        preparing = true;
+        await prepared.promise;
+        return fake.base.prepare(req);
+      },
+    });
+    let reports = 0;
+    const progress = { start: () => undefined, update: () => void reports++, finish: () => undefined, now: () => Date.now() } as unknown as ProgressReporter;
+    const rows = ["a", "b", "c"].map((rolloutId) => ({ rolloutId, task: {} }));
+    const collector = collectorFor(fake.controller, url, { rows, concurrency: 2, outPath: out, progress });
+    await collector.start();
+    const run = collector.run();
+    await waitUntil(() => answers.has("a") && answers.has("b"), "a and b in flight", 5000);
+    const checkpoint = collector.checkpoint({ stop: false }).catch(() => undefined);
+    await waitUntil(() => preparing, "our checkpoint open (its prepare sent)", 5000);
+    // b is refused admission, as a Gym parked in our checkpoint refuses: its worker waits for the
+    // checkpoint to end. Then a replies, and its line cannot be appended: the collection fails.
+    answers.get("b")!(503, { error: { code: "admission_closed", detail: "a checkpoint is open" } });
+    await waitUntil(() => refusalSent, "b's refusal sent", 5000);
+    await unappendable(out);
+    answers.get("a")!(200, { reward: 1 });
+    await expect(run).rejects.toMatchObject({ code: "EISDIR" });
+    // b's worker was woken and came back (its report) before run() rejected, not once the checkpoint ends.
+    expect(reports).toBe(1);
+    prepared.resolve();
+    await checkpoint;
+    expect(requests.sort()).toEqual(["a", "b"]);
   });
 
   it("a run whose --out cannot be made fails before any /run: a later --new-collection tells by that file that no row finished", async () => {
