@@ -1,5 +1,5 @@
 import type { NatsConnection, Status } from "@nats-io/transport-node";
-import { jetstreamManager, type JetStreamManager } from "@nats-io/jetstream";
+import { jetstream, jetstreamManager, type JetStreamManager } from "@nats-io/jetstream";
 import { Kvm, type KV } from "@nats-io/kv";
 import type { Logger } from "pino";
 import {
@@ -31,6 +31,14 @@ import {
 const PROBE_TIMEOUT_MS = 2_000;
 
 /**
+ * The least a beat's JetStream requests wait for an answer (they wait a heartbeat period when that
+ * is longer). A beat is given up after a period anyway; with nats.js' default (5 s) its requests
+ * outlived it, and with a short period an outage kept up to 5 s / period of them in flight. Not
+ * shorter: a loaded JetStream's answer within a second still lands the put.
+ */
+export const BEAT_REQUEST_MIN_TIMEOUT_MS = 1_000;
+
+/**
  * How long `stop()` tries to delete the entry. With NATS down its request waited out the
  * JetStream timeout (5 s), the whole of the Gym launcher's grace before SIGKILL; the entry then
  * expires with the bucket's TTL, as it would have anyway.
@@ -58,7 +66,8 @@ export const STOP_DELETE_WAIT_MS = 1_000;
  *
  * Beats keep their cadence under a slow NATS: a beat is given up one heartbeat period after it
  * started, and a tick while one runs starts the next as soon as it ends, so one slow put costs
- * one beat, never the entry's TTL.
+ * one beat, never the entry's TTL. A beat's requests wait max(period, 1 s), not nats.js' 5 s: in an
+ * outage the given-up ones do not pile up (start-up's keep the default).
  */
 export class MembershipAnnouncer {
   private kv: KV | undefined;
@@ -76,7 +85,11 @@ export class MembershipAnnouncer {
   /** A tick came while a beat ran: the next beat starts when that one ends. */
   private beatDue = false;
   private statusWatch: AsyncIterable<Status> | undefined;
+  /** Start-up's (nats.js' default timeout), and the beats' (`beatTimeoutMs`). */
   private jsm: JetStreamManager | undefined;
+  private beatJsm: JetStreamManager | undefined;
+  /** How long each JetStream request of a beat waits: max(heartbeat period, BEAT_REQUEST_MIN_TIMEOUT_MS). */
+  private readonly beatTimeoutMs: number;
   private resolveLost!: (conflict: CheckpointError) => void;
   /**
    * Settles with an `instance_conflict` error once another incarnation is found holding this
@@ -105,6 +118,7 @@ export class MembershipAnnouncer {
     if (!(Number.isFinite(heartbeatMs) && heartbeatMs > 0 && heartbeatMs <= MEMBER_TTL_MS / 3)) {
       throw new CheckpointError("invalid_request", `heartbeatMs ${heartbeatMs} must be a number of milliseconds > 0 and at most a third of the membership TTL (${MEMBER_TTL_MS / 3})`);
     }
+    this.beatTimeoutMs = Math.max(heartbeatMs, BEAT_REQUEST_MIN_TIMEOUT_MS);
     this.beatFailures = new FailureSpellLog(logger, "membership heartbeat lands again");
     const now = Date.now() / 1000;
     this.member = { kind, instance, incarnation, started_at: now, heartbeat_at: now, protocol_version: PROTOCOL_VERSION };
@@ -185,7 +199,7 @@ export class MembershipAnnouncer {
     this.beatInFlight = true;
     const serial = ++this.beatSerial;
     const current = () => serial === this.beatSerial && !this.stopped && !this.isLost;
-    within(this.refresh(current), this.heartbeatMs)
+    within(this.refresh(current, this.beatTimeoutMs), this.heartbeatMs)
       .then(
         () => {
           if (current()) this.beatFailures.succeeded();
@@ -249,10 +263,11 @@ export class MembershipAnnouncer {
     return this.readEntryAtLeader();
   }
 
-  private async openBucket(): Promise<KV> {
+  /** `timeout`: of each JetStream request (a beat's); nats.js' default (5 s) when not given. */
+  private async openBucket(timeout?: number): Promise<KV> {
     const bucket = membersBucket(this.deployment);
     // The coordinator asserts this config (and scales replicas) when it opens the bucket; same rule here.
-    const kv = await new Kvm(this.nc).create(bucket, { history: 1, ttl: MEMBER_TTL_MS, replicas: kvReplicas(this.nc.info) });
+    const kv = await new Kvm(timeout === undefined ? this.nc : jetstream(this.nc, { timeout })).create(bucket, { history: 1, ttl: MEMBER_TTL_MS, replicas: kvReplicas(this.nc.info) });
     // Another process may be creating it this moment: its entry is read at the stream's leader next.
     await awaitBucketStore(this.nc, bucket);
     return kv;
@@ -261,27 +276,29 @@ export class MembershipAnnouncer {
   /**
    * Compare-and-set on the revision last seen: never overwrites another process's entry, nor a
    * later put of this one. `current()` false (a beat given up): the revision it got is not recorded.
+   * `timeout`: of each request (a beat's), nats.js' default when not given.
    */
-  private async write(current: () => boolean = () => true): Promise<void> {
-    this.kv ??= await this.openBucket();
+  private async write(current: () => boolean = () => true, timeout?: number): Promise<void> {
+    this.kv ??= await this.openBucket(timeout);
     if (!current()) return;
     this.member.heartbeat_at = Date.now() / 1000;
     const value = JSON.stringify(this.member);
-    const revision = this.revision ? await this.kv.update(this.key, value, this.revision) : await this.kv.create(this.key, value);
+    // previousSeq 0: only when there is no entry (what kv.create() sends first; it takes no timeout).
+    const revision = await this.kv.put(this.key, value, { previousSeq: this.revision ?? 0, timeout });
     if (current()) this.revision = revision;
   }
 
   /** One beat; it stops at the first step after `current()` turns false (given up, stopped, lost). */
-  private async refresh(current: () => boolean): Promise<void> {
+  private async refresh(current: () => boolean, timeout: number): Promise<void> {
     try {
-      await this.write(current);
+      await this.write(current, timeout);
       return;
     } catch (error) {
       if (!isWrongRevision(error)) throw error;
     }
     // Our entry expired (a long NATS outage), was deleted, the bucket was re-created, or another
     // process took the name over. Write it again unless another incarnation holds it now.
-    const { revision, held } = await this.readEntryAtLeader();
+    const { revision, held } = await this.readEntryAtLeader(timeout);
     // stop() may have deleted the entry meanwhile: not to be written again. Given up: its
     // successor reads the entry itself.
     if (!current()) return;
@@ -290,7 +307,7 @@ export class MembershipAnnouncer {
       return;
     }
     this.revision = revision;
-    await this.write(current);
+    await this.write(current, timeout);
   }
 
   private lose(held: Member): void {
@@ -308,12 +325,16 @@ export class MembershipAnnouncer {
   /**
    * The entry as the stream's leader holds it. The KV's own get may be a direct get answered by
    * any replica, whose copy can lag: an older incarnation's entry read there would stop a healthy
-   * process.
+   * process. `timeout`: of the request (a beat's), nats.js' default when not given.
    */
-  private async readEntryAtLeader(): Promise<{ revision: number; held: Member | undefined }> {
-    this.jsm ??= await jetstreamManager(this.nc);
+  private async readEntryAtLeader(timeout?: number): Promise<{ revision: number; held: Member | undefined }> {
+    const jsm =
+      timeout === undefined
+        ? (this.jsm ??= await jetstreamManager(this.nc))
+        : // No account-info request first: the beat needs none.
+          (this.beatJsm ??= await jetstreamManager(this.nc, { timeout, checkAPI: false }));
     const bucket = membersBucket(this.deployment);
-    const entry = await this.jsm.streams.getMessage(`KV_${bucket}`, { last_by_subj: `$KV.${bucket}.${this.key}` });
+    const entry = await jsm.streams.getMessage(`KV_${bucket}`, { last_by_subj: `$KV.${bucket}.${this.key}` });
     if (!entry) return { revision: 0, held: undefined };
     // A delete or purge leaves a marker: no holder, but its sequence is what the next write replaces.
     if (entry.header?.get("KV-Operation")) return { revision: entry.seq, held: undefined };

@@ -52,8 +52,8 @@ describe("membership announcer stop() after a failed heartbeat", () => {
     await announcer.claim();
     await announcer.start();
     // One beat fails (a request timed out during a reconnect, say): the next beat re-opens the bucket.
-    const internals = announcer as unknown as { kv: { update: () => Promise<number> } | undefined; tick(reconnected: boolean): void; beatInFlight: boolean };
-    internals.kv!.update = async () => Promise.reject(new Error("TIMEOUT"));
+    const internals = announcer as unknown as { kv: { put: () => Promise<number> } | undefined; tick(reconnected: boolean): void; beatInFlight: boolean };
+    internals.kv!.put = async () => Promise.reject(new Error("TIMEOUT"));
     internals.tick(false);
     await waitUntil(() => !internals.beatInFlight && internals.kv === undefined, "the failed beat");
     await announcer.stop();

@@ -10,8 +10,15 @@ const kvm = vi.hoisted(() => ({
   failNextPut: false,
   /** The next this many writes fail (NATS unreachable). */
   failPuts: 0,
-  /** The next this many writes go unanswered: nats.js gives up on each after its JetStream timeout (5 s). */
+  /** The next this many writes go unanswered: nats.js gives up on each after its request timeout. */
   hangPuts: 0,
+  /** NATS unreachable: every write and bucket create goes unanswered until its request timeout. */
+  outage: false,
+  /** Requests waiting for their timeout now, and the most seen at once. */
+  inFlight: 0,
+  peakInFlight: 0,
+  /** The timeout of each write that went unanswered. */
+  hungTimeouts: [] as number[],
   /** When (fake time) each write landed. */
   landedAt: [] as number[],
   /** The next write is refused as a compare-and-set on a stale revision. */
@@ -21,20 +28,37 @@ const kvm = vi.hoisted(() => ({
   /** What the stream leader holds for the key. */
   leaderEntry: null as null | { seq: number; incarnation: string; at?: number },
 }));
+/** nats.js' default JetStream request timeout. */
+const DEFAULT_TIMEOUT_MS = 5_000;
+/** A request nobody answers: it fails once its timeout passes. */
+const unanswered = async (timeout: number) => {
+  kvm.inFlight += 1;
+  kvm.peakInFlight = Math.max(kvm.peakInFlight, kvm.inFlight);
+  await new Promise((resolve) => setTimeout(resolve, timeout));
+  kvm.inFlight -= 1;
+  throw new Error("TIMEOUT");
+};
 vi.mock("@nats-io/kv", () => ({
   Kvm: class {
+    /** The request timeout of the JetStream context it was given (a connection: nats.js' default). */
+    private readonly timeout: number;
+    constructor(js: { timeout?: number }) {
+      this.timeout = js.timeout ?? DEFAULT_TIMEOUT_MS;
+    }
     async create() {
+      if (kvm.outage) await unanswered(this.timeout);
       kvm.creates += 1;
       let revision = 0;
-      const write = async (key: string) => {
+      const write = async (key: string, _value: string, opts: { timeout?: number }) => {
+        const timeout = opts.timeout ?? this.timeout;
         if (kvm.failPuts > 0) {
           kvm.failPuts -= 1;
           throw new Error("TIMEOUT");
         }
-        if (kvm.hangPuts > 0) {
-          kvm.hangPuts -= 1;
-          await new Promise((resolve) => setTimeout(resolve, 5_000));
-          throw new Error("TIMEOUT");
+        if (kvm.hangPuts > 0 || kvm.outage) {
+          kvm.hangPuts = Math.max(0, kvm.hangPuts - 1);
+          kvm.hungTimeouts.push(timeout);
+          await unanswered(timeout);
         }
         if (kvm.failNextPut) {
           kvm.failNextPut = false;
@@ -49,11 +73,15 @@ vi.mock("@nats-io/kv", () => ({
         return ++revision;
       };
       const get = async () => (kvm.replicaEntry ? { operation: "PUT", revision: 1, json: () => member(kvm.replicaEntry!.incarnation) } : null);
-      return { get, create: write, update: write, delete: async () => undefined };
+      // create()'s and update()'s requests as nats.js sends them (create takes no timeout).
+      const create = (key: string, value: string) => write(key, value, {});
+      const update = (key: string, value: string, _revision: number, timeout?: number) => write(key, value, { timeout });
+      return { get, put: write, create, update, delete: async () => undefined };
     }
   },
 }));
 vi.mock("@nats-io/jetstream", () => ({
+  jetstream: (_nc: unknown, opts: { timeout?: number }) => ({ timeout: opts.timeout }),
   jetstreamManager: async () => ({
     streams: {
       getMessage: async () => (kvm.leaderEntry ? { seq: kvm.leaderEntry.seq, header: undefined, json: () => member(kvm.leaderEntry!.incarnation, kvm.leaderEntry!.at) } : null),
@@ -68,7 +96,7 @@ const noResponders = {
   requestMany: async (subject: string) => Promise.reject(new NoRespondersError(subject)),
   status: () => ({ async *[Symbol.asyncIterator]() {} }),
 } as never;
-const { MembershipAnnouncer } = await import("../../../participants/control-plane/membership-announcer.js");
+const { BEAT_REQUEST_MIN_TIMEOUT_MS, MembershipAnnouncer } = await import("../../../participants/control-plane/membership-announcer.js");
 const { MEMBER_HEARTBEAT_MS, MEMBER_TTL_MS } = await import("../../../protocol/index.js");
 /** Whether `promise` settled by the time it is read (advanceTimersByTimeAsync flushes microtasks). */
 const watch = (promise: Promise<unknown>) => {
@@ -79,7 +107,7 @@ const watch = (promise: Promise<unknown>) => {
 
 afterEach(() => {
   vi.useRealTimers();
-  Object.assign(kvm, { creates: 0, puts: [], landedAt: [], failNextPut: false, failPuts: 0, hangPuts: 0, wrongRevisionNext: false, replicaEntry: null, leaderEntry: null });
+  Object.assign(kvm, { creates: 0, puts: [], landedAt: [], failNextPut: false, failPuts: 0, hangPuts: 0, outage: false, inFlight: 0, peakInFlight: 0, hungTimeouts: [], wrongRevisionNext: false, replicaEntry: null, leaderEntry: null });
 });
 
 describe("membership heartbeat", () => {
@@ -146,6 +174,40 @@ describe("a put NATS is slow to answer (a slow JetStream, a reconnect)", () => {
     expect(Math.max(...gaps)).toBeLessThanOrEqual(2 * MEMBER_HEARTBEAT_MS);
     expect(Math.max(...gaps)).toBeLessThan(MEMBER_TTL_MS);
     expect(kvm.landedAt.length).toBeGreaterThanOrEqual(5);
+    await announcer.stop();
+  });
+
+  // Before, a beat's requests waited nats.js' default 5 s though the beat was given up after a
+  // period: with a 100 ms period an outage kept some 50 of them in flight.
+  it("in an outage, a beat's requests wait max(period, 1 s): with a short period few are in flight at once", async () => {
+    vi.useFakeTimers();
+    const announcer = new MembershipAnnouncer(noResponders, "dep", "environment", "env0", "inc-1", undefined, 100);
+    await announcer.start();
+    kvm.outage = true;
+    await vi.advanceTimersByTimeAsync(10_000);
+    // A beat (one request) per period, each waiting 1 s.
+    expect(kvm.peakInFlight).toBeGreaterThanOrEqual(5);
+    expect(kvm.peakInFlight).toBeLessThanOrEqual(BEAT_REQUEST_MIN_TIMEOUT_MS / 100 + 1);
+    expect(new Set(kvm.hungTimeouts)).toEqual(new Set([BEAT_REQUEST_MIN_TIMEOUT_MS]));
+    kvm.outage = false;
+    await vi.advanceTimersByTimeAsync(BEAT_REQUEST_MIN_TIMEOUT_MS + 200);
+    expect(kvm.inFlight).toBe(0);
+    expect(kvm.puts.length).toBeGreaterThan(1); // announcing again
+    await announcer.stop();
+  });
+
+  it("a beat's requests wait a period when that is longer than 1 s; start-up's wait nats.js' default", async () => {
+    vi.useFakeTimers();
+    kvm.hangPuts = 1;
+    const refused = new MembershipAnnouncer(noResponders, "dep", "environment", "env0", "inc-1", undefined, 100).start().catch((error: unknown) => error);
+    await vi.advanceTimersByTimeAsync(DEFAULT_TIMEOUT_MS);
+    expect(await refused).toMatchObject({ message: "TIMEOUT" });
+    expect(kvm.hungTimeouts).toEqual([DEFAULT_TIMEOUT_MS]);
+    const announcer = new MembershipAnnouncer(noResponders, "dep", "environment", "env0", "inc-2", undefined, 2_000);
+    await announcer.start();
+    kvm.hangPuts = 1;
+    await vi.advanceTimersByTimeAsync(2_000);
+    expect(kvm.hungTimeouts).toEqual([DEFAULT_TIMEOUT_MS, 2_000]);
     await announcer.stop();
   });
 
