@@ -56,8 +56,16 @@ export const JsonValueSchema = z.unknown().transform((value, ctx): JsonValue => 
   return z.NEVER;
 });
 
-/** The name a `__proto__` key is parsed under, so the schema checks its value as it checks any other key's. */
-const PROTO_STAND_IN = "\u0000__proto__";
+/**
+ * The name a `__proto__` key of `value` is parsed under, so the schema checks its value as it checks
+ * any other key's: one none of `value`'s own keys has (a fixed name took over an input key spelled
+ * so, its value replaced by the `__proto__` key's).
+ */
+function protoStandIn(value: Record<string, unknown>): string {
+  let name = "\u0000__proto__";
+  while (Object.hasOwn(value, name)) name = `\u0000${name}`;
+  return name;
+}
 
 /**
  * `schema` (an object schema that passes unknown keys through, or a record) with a `__proto__` key
@@ -71,11 +79,12 @@ export function keepingProtoKey<T extends Record<string, unknown>>(schema: z.Zod
     .unknown()
     .transform((value, ctx): T => {
       const hasProtoKey = isPlainObject(value) && Object.hasOwn(value, "__proto__");
-      const input = hasProtoKey ? renamedKey(value, "__proto__", PROTO_STAND_IN) : value;
+      const standIn = hasProtoKey ? protoStandIn(value) : undefined;
+      const input = hasProtoKey ? renamedKey(value, "__proto__", standIn!) : value;
       const parsed = schema.safeParse(input);
       if (!parsed.success) {
         for (const issue of parsed.error.issues) {
-          const path = issue.path.map((part, i) => (i === 0 && part === PROTO_STAND_IN ? "__proto__" : part));
+          const path = issue.path.map((part, i) => (i === 0 && part === standIn ? "__proto__" : part));
           ctx.addIssue({ ...issue, path, input: value } as Parameters<typeof ctx.addIssue>[0]);
         }
         return z.NEVER;
@@ -92,7 +101,7 @@ export function keepingProtoKey<T extends Record<string, unknown>>(schema: z.Zod
         if (key === "__proto__") setOwnProperty(copy, key, kept);
         else if (Object.hasOwn(parsed.data, key)) setOwnProperty(copy, key, parsed.data[key]);
       }
-      for (const [key, item] of Object.entries(parsed.data)) if (key !== PROTO_STAND_IN && !Object.hasOwn(copy, key)) setOwnProperty(copy, key, item);
+      for (const [key, item] of Object.entries(parsed.data)) if (key !== standIn && !Object.hasOwn(copy, key)) setOwnProperty(copy, key, item);
       return copy as T;
     })
     .meta(jsonSchemaOf(schema)) as unknown as z.ZodType<T>;

@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { JsonValueSchema, MAX_JSON_DEPTH } from "../../../protocol/index.js";
+import { z } from "zod";
+import { JsonValueSchema, MAX_JSON_DEPTH, keepingProtoKey } from "../../../protocol/index.js";
 
 describe("JsonValueSchema", () => {
   it("keeps a __proto__ key as data, at any depth, without setting a prototype", () => {
@@ -39,5 +40,22 @@ describe("JsonValueSchema", () => {
     expect(JsonValueSchema.safeParse(nest(MAX_JSON_DEPTH)).success).toBe(true);
     expect(JsonValueSchema.safeParse(nest(MAX_JSON_DEPTH + 1)).success).toBe(false);
     expect(JsonValueSchema.safeParse(nest(100_000)).success).toBe(false);
+  });
+});
+
+describe("keepingProtoKey", () => {
+  // `__proto__` was parsed under the fixed stand-in name "\u0000__proto__": an input with that key
+  // too had its value replaced by the __proto__ key's (and checked only under it).
+  it("keeps a \\u0000__proto__ key apart from a __proto__ key, each checked under its own name", () => {
+    const schema = keepingProtoKey(z.record(z.string(), z.number()));
+    const value = JSON.parse('{"\\u0000__proto__":1,"__proto__":2,"\\u0000\\u0000__proto__":3}');
+    const parsed = schema.parse(value);
+    expect(Object.keys(parsed)).toEqual(["\u0000__proto__", "__proto__", "\u0000\u0000__proto__"]);
+    expect(parsed["\u0000__proto__"]).toBe(1);
+    expect(Object.getOwnPropertyDescriptor(parsed, "__proto__")?.value).toBe(2);
+    expect(parsed["\u0000\u0000__proto__"]).toBe(3);
+    const refused = schema.safeParse(JSON.parse('{"\\u0000__proto__":"one","__proto__":2}'));
+    expect(refused.success).toBe(false);
+    expect(refused.error?.issues.map((issue) => issue.path)).toEqual([["\u0000__proto__"]]);
   });
 });
