@@ -8,6 +8,7 @@ import type { AdmissionTicket } from "../kinds/model/admission-ticket.js";
 import { continuationHeader } from "../kinds/model/generation-cut-contract.js";
 import { isGenerationRoute } from "../kinds/model/conversation-digest.js";
 import { canonicalRoute, climbsAboveRoot } from "./canonical-route.js";
+import { CodingWarnings } from "./coding-warnings.js";
 import type { ModelKind } from "../kinds/model/model-kind.js";
 import { ForwardedCall } from "./forwarded-call.js";
 import { upstreamHeaders } from "./hop-headers.js";
@@ -63,6 +64,7 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
   const basePath = upstream.url.pathname.replace(/\/+$/, "");
   /** An upstream redirect to its own origin, onto the proxy behind the caller's rollout prefix (`prefix`, or ""). */
   const relocateFor = (prefix: string) => (location: string) => proxiedLocation(location, upstream.url, prefix);
+  const warnings = new CodingWarnings(logger);
 
   // No requestTimeout (Node's is 300 s, fastify's servers run without one too): a caller's pipelined
   // request behind a held response stops being read once the answers queued behind it reach 16 KiB,
@@ -141,7 +143,7 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
     if (length !== undefined) headers.push("content-length", length);
     // A body of unknown length goes on chunked (or with its length, if it had all arrived already).
     const body = (length !== undefined && length !== "0") || req.headers["transfer-encoding"] ? req : null;
-    pool.dispatch({ path: basePath + route, method: req.method ?? "GET", headers, body }, new PassthroughCall(res, finishWaitMs, relocate));
+    pool.dispatch({ path: basePath + route, method: req.method ?? "GET", headers, body }, new PassthroughCall(res, finishWaitMs, relocate, warnings));
   }
 
   function forward(req: IncomingMessage, res: ServerResponse, route: string, body: Buffer, ticket: AdmissionTicket, relocate: (location: string) => string): void {
@@ -163,7 +165,7 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
       headers.push("x-ng-continued-from", ticket.claimedCut.model_call_id);
       headers.push("x-ng-continuation", continuationHeader(ticket.claimedCut.continuation));
     }
-    pool.dispatch({ path: basePath + route, method: "POST", headers, body }, new ForwardedCall(res, ticket, kind, logger, finishWaitMs, relocate));
+    pool.dispatch({ path: basePath + route, method: "POST", headers, body }, new ForwardedCall(res, ticket, kind, logger, finishWaitMs, relocate, warnings));
   }
 
   async function ledgerApi(req: IncomingMessage, res: ServerResponse, path: string): Promise<void> {

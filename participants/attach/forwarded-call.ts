@@ -5,7 +5,8 @@ import { CheckpointError } from "../../protocol/index.js";
 import type { AdmissionTicket } from "../kinds/model/admission-ticket.js";
 import type { ModelKind } from "../kinds/model/model-kind.js";
 import { CallerStall, onceSocket } from "./caller-stall.js";
-import { callerHeaders } from "./hop-headers.js";
+import type { CodingWarnings } from "./coding-warnings.js";
+import { bodyCodings, callerHeaders } from "./hop-headers.js";
 import { refuse } from "./replies.js";
 import { isCompleteEvent, lastEventStart, mayEndStream } from "./sse-events.js";
 import { UsageTail } from "./usage-tail.js";
@@ -80,6 +81,8 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
     private readonly finishWaitMs: number,
     /** Maps the answer's `Location` onto the proxy (`proxiedLocation`). */
     private readonly relocate?: (location: string) => string,
+    /** The proxy's warnings about answers coded so that the proxy cannot read (or name) them. */
+    private readonly warnings?: CodingWarnings,
   ) {
     this.stall = new CallerStall(res, finishWaitMs);
     ticket.abort.signal.addEventListener("abort", this.onRetired, { once: true });
@@ -95,6 +98,12 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
   onResponseStart(_controller: Dispatcher.DispatchController, status: number, headers: IncomingHttpHeaders): void {
     if (status < 200) return; // informational; the final head follows
     this.head = { status, headers };
+    // Asked for `accept-encoding: identity`, yet coded: the row's usage and the error-event check read
+    // the last bytes as sent, so both miss. Said, not refused: the caller's answer is fine as it is.
+    if (status < 300) {
+      const coding = bodyCodings(headers);
+      if (coding !== undefined) this.warnings?.codedAnswer(coding, this.ticket.captureKey);
+    }
     const length = Number(headers["content-length"]);
     this.length = headers["content-length"] !== undefined && Number.isSafeInteger(length) && length > 0 ? length : null;
     this.kind.responseStart(this.ticket).then(this.release, this.onRefused);
@@ -175,7 +184,7 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
     }
     if (this.lost) return this.upstreamLost();
     const { status, headers } = this.head!;
-    this.res.writeHead(status, callerHeaders(headers, this.relocate));
+    this.res.writeHead(status, callerHeaders(headers, this.relocate, this.warnings?.unframed));
     const waiting = this.waiting!;
     this.waiting = null;
     let room = true;

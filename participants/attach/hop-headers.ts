@@ -41,25 +41,61 @@ function connectionOptions(values: readonly string[]): Set<string> {
   return names;
 }
 
-/**
- * The codings a `Transfer-Encoding` lists besides `chunked` (`gzip, chunked` → `["gzip"]`). Only the
- * chunked framing belongs to the hop, and each hop's parser removes it; the body it hands over still
- * carries the others, so they travel on as content codings: listed after the `Content-Encoding` ones
- * (`content`), as they were applied after them. Undefined when there are none (the common case).
- * `identity` (RFC 2616's, which older servers still send) is no coding at all: never named, as
- * `Content-Encoding: identity` is no content coding (RFC 9110 §8.4.1), and urllib3 decodes one listed
- * with another (`identity, gzip`) as deflate.
- */
-function contentCodings(transfer: readonly string[], content: readonly string[]): string | undefined {
+/** The codings `Transfer-Encoding` values list, in order, lower case; `identity` (see below) left out. */
+function transferCodings(values: readonly string[]): string[] {
   const codings = [];
-  for (const value of transfer) {
+  for (const value of values) {
     for (const token of value.split(",")) {
       const coding = token.trim().toLowerCase();
-      if (coding && coding !== "chunked" && coding !== "identity") codings.push(coding);
+      if (coding && coding !== "identity") codings.push(coding);
     }
   }
-  if (codings.length === 0) return undefined;
-  return [...content.map((value) => value.trim()).filter((value) => value), ...codings].join(", ");
+  return codings;
+}
+
+/** What a body's `Content-Encoding` becomes on the next hop (`nextHopCoding`). */
+interface NextHopCoding {
+  /**
+   * `chunked` comes before another coding (`chunked, gzip`): such a body runs to the connection's
+   * close and no parser removes its framing (RFC 9112 §6.3), so what it carries is no content coding
+   * anyone could name: it goes on as it came, with no `Content-Encoding` at all (not even its own,
+   * which lies under the framing).
+   */
+  unframed: boolean;
+  /** The `Content-Encoding` to name instead of the body's own; undefined: its own, unchanged (the common case). */
+  coded: string | undefined;
+}
+
+/**
+ * A body's `Content-Encoding` on the next hop, from its `Transfer-Encoding` (`transfer`) and
+ * `Content-Encoding` (`content`) values. Only the chunked framing belongs to the hop, and each hop's
+ * parser removes it when it is the last coding (or absent); the body it hands over still carries the
+ * others (`gzip, chunked` → `gzip`), so they travel on as content codings: listed after the
+ * `Content-Encoding` ones, as they were applied after them. `identity` (RFC 2616's, which older
+ * servers still send) is no coding at all: never named, as `Content-Encoding: identity` is no content
+ * coding (RFC 9110 §8.4.1), and urllib3 decodes one listed with another (`identity, gzip`) as deflate.
+ */
+function nextHopCoding(transfer: readonly string[], content: readonly string[]): NextHopCoding {
+  const codings = transferCodings(transfer);
+  if (codings.slice(0, -1).includes("chunked")) return { unframed: true, coded: undefined };
+  const others = codings.filter((coding) => coding !== "chunked");
+  if (others.length === 0) return { unframed: false, coded: undefined };
+  return { unframed: false, coded: [...content.map((value) => value.trim()).filter((value) => value), ...others].join(", ") };
+}
+
+/**
+ * The codings an answer's body carries once the hop has removed its chunked framing: its
+ * `Content-Encoding`'s, then its `Transfer-Encoding`'s others (`identity` none of them), comma-separated;
+ * undefined when there are none.
+ */
+export function bodyCodings(headers: IncomingHttpHeaders): string | undefined {
+  if (headers["content-encoding"] === undefined && headers["transfer-encoding"] === undefined) return undefined; // every call reads it
+  const content = values(headers["content-encoding"])
+    .flatMap((value) => value.split(","))
+    .map((token) => token.trim().toLowerCase())
+    .filter((coding) => coding && coding !== "identity");
+  const codings = [...content, ...transferCodings(values(headers["transfer-encoding"])).filter((coding) => coding !== "chunked")];
+  return codings.length === 0 ? undefined : codings.join(", ");
 }
 
 /** A header's values (none, one or several), as a list. */
@@ -86,12 +122,13 @@ export function upstreamHeaders(rawHeaders: string[], host: string, options: { i
     else if (name === "content-encoding") content.push(rawHeaders[i + 1]!);
   }
   const named = connectionOptions(connection);
-  const coded = transfer.length === 0 ? undefined : contentCodings(transfer, content);
+  // (Node's server refuses a request whose framing is not its last coding: `unframed` is for answers.)
+  const { unframed, coded } = nextHopCoding(transfer, content);
   const out = ["host", host];
   for (let i = 0; i < rawHeaders.length; i += 2) {
     const name = rawHeaders[i]!.toLowerCase();
     if (HOP_BY_HOP.has(name) || named.has(name) || CONTROL_HEADER.test(name) || (options.identity && name === "accept-encoding")) continue;
-    if (coded !== undefined && name === "content-encoding") continue;
+    if ((unframed || coded !== undefined) && name === "content-encoding") continue;
     out.push(name, rawHeaders[i + 1]!);
   }
   if (coded !== undefined) out.push("content-encoding", coded);
@@ -102,18 +139,25 @@ export function upstreamHeaders(rawHeaders: string[], host: string, options: { i
 /**
  * The upstream's response headers for the caller, hop-by-hop ones (and those its `Connection` names)
  * dropped; `content-length` kept, as the body is passed on as it came. Transfer codings other than
- * `chunked` are named in `Content-Encoding`, as for a request. `location` maps a `Location` onto the
- * proxy (`proxiedLocation`).
+ * `chunked` are named in `Content-Encoding`, as for a request; an answer whose `chunked` is not its
+ * last coding names none (`NextHopCoding.unframed`), and `onUnframed` hears its `Transfer-Encoding`.
+ * `location` maps a `Location` onto the proxy (`proxiedLocation`).
  */
-export function callerHeaders(headers: IncomingHttpHeaders, location: (value: string) => string = (value) => value): OutgoingHttpHeaders {
+export function callerHeaders(
+  headers: IncomingHttpHeaders,
+  location: (value: string) => string = (value) => value,
+  onUnframed?: (transferEncoding: string) => void,
+): OutgoingHttpHeaders {
   const connection = headers.connection;
   const named = connection === undefined ? new Set<string>() : connectionOptions(values(connection));
   const transfer = headers["transfer-encoding"];
-  const coded = transfer === undefined ? undefined : contentCodings(values(transfer), values(headers["content-encoding"]));
+  const { unframed, coded } = transfer === undefined ? { unframed: false, coded: undefined } : nextHopCoding(values(transfer), values(headers["content-encoding"]));
+  if (unframed) onUnframed?.(values(transfer).join(", "));
   const out: OutgoingHttpHeaders = {};
   for (const name in headers) {
     const value = headers[name];
     if (value === undefined || (name !== "content-length" && (HOP_BY_HOP.has(name) || named.has(name)))) continue;
+    if (unframed && name === "content-encoding") continue;
     out[name] = name === "location" && typeof value === "string" ? location(value) : value;
   }
   if (coded !== undefined) out["content-encoding"] = coded;

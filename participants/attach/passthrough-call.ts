@@ -2,6 +2,7 @@ import type { IncomingHttpHeaders, ServerResponse } from "node:http";
 import type { Dispatcher } from "undici";
 import { CheckpointError } from "../../protocol/index.js";
 import { CallerStall } from "./caller-stall.js";
+import type { CodingWarnings } from "./coding-warnings.js";
 import { callerHeaders } from "./hop-headers.js";
 import { refuse } from "./replies.js";
 
@@ -17,11 +18,12 @@ export class PassthroughCall implements Dispatcher.DispatchHandler {
   private stopped = false;
   private readonly stall: CallerStall;
 
-  /** `relocate` maps the answer's `Location` onto the proxy (`proxiedLocation`). */
+  /** `relocate` maps the answer's `Location` onto the proxy (`proxiedLocation`); `warnings` hears of an answer passed on unframed. */
   constructor(
     private readonly res: ServerResponse,
     finishWaitMs: number,
     private readonly relocate?: (location: string) => string,
+    private readonly warnings?: CodingWarnings,
   ) {
     this.stall = new CallerStall(res, finishWaitMs);
     res.on("close", this.onCallerClose);
@@ -34,7 +36,7 @@ export class PassthroughCall implements Dispatcher.DispatchHandler {
   }
 
   onResponseStart(_controller: Dispatcher.DispatchController, status: number, headers: IncomingHttpHeaders): void {
-    if (status >= 200) this.res.writeHead(status, callerHeaders(headers, this.relocate));
+    if (status >= 200) this.res.writeHead(status, callerHeaders(headers, this.relocate, this.warnings?.unframed));
   }
 
   onResponseData(controller: Dispatcher.DispatchController, chunk: Buffer): void {

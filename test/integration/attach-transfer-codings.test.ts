@@ -3,7 +3,9 @@ import { createServer, request, type IncomingHttpHeaders, type Server } from "no
 import { connect } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { Writable } from "node:stream";
 import { gunzipSync, gzipSync } from "node:zlib";
+import { pino } from "pino";
 import { afterEach, beforeEach, expect, it } from "vitest";
 import { createAttachProxy } from "../../participants/attach/attach-proxy.js";
 import { parseUpstream } from "../../participants/attach/upstream-url.js";
@@ -20,6 +22,11 @@ let proxyUrl: URL;
 let kind: ModelKind;
 let received: (call: { headers: IncomingHttpHeaders; body: Buffer }) => void;
 let upstreamCall: Promise<{ headers: IncomingHttpHeaders; body: Buffer }>;
+let lines: { level: number; msg: string; [field: string]: unknown }[];
+
+/** `chunked, gzip`: chunk-framed, then gzipped. Chunked is not the last coding, so the body runs to the connection's close, never de-chunked. */
+const UNFRAMED_BODY = gzipSync("5\r\nhello\r\n0\r\n\r\n");
+const COMPLETION = '{"choices":[{"message":{"role":"assistant","content":"hi"}}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}';
 
 beforeEach(async () => {
   dir = await mkdtemp(join(tmpdir(), "gym-ckpt-transfer-codings-"));
@@ -30,11 +37,24 @@ beforeEach(async () => {
     req.on("end", () => {
       received({ headers: req.headers, body: Buffer.concat(chunks) });
       if (req.url === "/v1/gzipped") return void res.writeHead(200, { "content-type": "text/plain", "transfer-encoding": "gzip, chunked" }).end(gzipSync("hello from upstream"));
+      if (req.url === "/v1/unframed") {
+        // Written by hand: Node's server would frame a body itself under any Transfer-Encoding naming chunked.
+        const head = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked, gzip\r\nConnection: close\r\n\r\n";
+        return void req.socket.end(Buffer.concat([Buffer.from(head), UNFRAMED_BODY]));
+      }
+      if (req.url === "/v1/chat/completions") {
+        const coding = req.headers["x-test-coding"];
+        if (coding === "content") return void res.writeHead(200, { "content-type": "application/json", "content-encoding": "gzip" }).end(gzipSync(COMPLETION));
+        if (coding === "transfer") return void res.writeHead(200, { "content-type": "application/json", "transfer-encoding": "gzip, chunked" }).end(gzipSync(COMPLETION));
+        return void res.writeHead(200, { "content-type": "application/json" }).end(COMPLETION);
+      }
       res.end("{}");
     });
   });
   kind = new ModelKind({ ledgerDir: join(dir, "ledger"), cutBackend: null });
-  proxy = createAttachProxy({ upstream: parseUpstream(await listenLocal(upstream)), kind, controlToken: "t" });
+  lines = [];
+  const logger = pino({ level: "debug" }, new Writable({ write: (chunk: Buffer, _enc, done) => (lines.push(JSON.parse(chunk.toString())), done()) }));
+  proxy = createAttachProxy({ upstream: parseUpstream(await listenLocal(upstream)), kind, controlToken: "t", logger });
   proxyUrl = new URL(await listenLocal(proxy));
 });
 
@@ -67,4 +87,57 @@ it("answers a response sent with Transfer-Encoding: gzip, chunked with its gzip 
   expect(answer.status).toBe(200);
   expect(answer.headers["content-encoding"]).toBe("gzip");
   expect(gunzipSync(answer.body).toString("utf8")).toBe("hello from upstream");
+});
+
+/** A call to the proxy, its answer read whole (as bytes: no decoding). */
+function call(path: string, options: { method?: string; headers?: Record<string, string>; body?: string } = {}): Promise<{ status: number; headers: IncomingHttpHeaders; body: Buffer }> {
+  return new Promise((resolve, reject) => {
+    const req = request(`${proxyUrl.origin}${path}`, { method: options.method ?? "GET", headers: options.headers }, (res) => {
+      const chunks: Buffer[] = [];
+      res.on("data", (chunk: Buffer) => chunks.push(chunk));
+      res.on("end", () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks) }));
+      res.on("error", reject);
+    });
+    req.on("error", reject);
+    req.end(options.body);
+  });
+}
+
+// `Transfer-Encoding: chunked, gzip` (chunked not last) was told to the caller as `Content-Encoding: gzip`,
+// though the body, read to the connection's close, still carries its chunk framing under the gzip.
+it("passes an answer whose Transfer-Encoding does not end in chunked on as it came, naming no content coding, and warns once", async () => {
+  for (let i = 0; i < 2; i++) {
+    const answer = await call("/v1/unframed");
+    expect(answer.status).toBe(200);
+    expect(answer.headers["content-encoding"]).toBeUndefined();
+    expect(answer.body.equals(UNFRAMED_BODY)).toBe(true);
+  }
+  const warnings = lines.filter((line) => line.level === 40);
+  expect(warnings).toEqual([expect.objectContaining({ transfer_encoding: "chunked, gzip" })]);
+});
+
+// A tracked call asks for `accept-encoding: identity`; an upstream coding its answer anyway left the row
+// without usage, and a stream ending in an error event recorded as a success, with nothing said.
+it("warns, naming the coding, when a tracked call's answer comes coded despite accept-encoding: identity, and still answers it", async () => {
+  const chat = (key: string, coding?: string) =>
+    call(`/ng-rollout/${key}/v1/chat/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json", ...(coding && { "x-test-coding": coding }) },
+      body: JSON.stringify({ model: "m", messages: [{ role: "user", content: "hi" }] }),
+    });
+  const plain = await chat("r0");
+  expect(plain.body.toString()).toBe(COMPLETION);
+  expect(lines.filter((line) => line.level >= 40)).toEqual([]);
+  for (const key of ["r1", "r2"]) {
+    const answer = await chat(key, "content");
+    expect(answer.status).toBe(200);
+    expect(answer.headers["content-encoding"]).toBe("gzip");
+    expect(gunzipSync(answer.body).toString()).toBe(COMPLETION);
+  }
+  const answer = await chat("r3", "transfer");
+  expect(answer.headers["content-encoding"]).toBe("gzip");
+  expect(gunzipSync(answer.body).toString()).toBe(COMPLETION);
+  // Once per coding (its repeats at debug), with the capture key of the call that showed it.
+  expect(lines.filter((line) => line.level === 40)).toEqual([expect.objectContaining({ coding: "gzip", capture_key: "r1" })]);
+  expect(lines.filter((line) => line.level === 20 && line.coding === "gzip").map((line) => line.capture_key)).toEqual(["r2", "r3"]);
 });

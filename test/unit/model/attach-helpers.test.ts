@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { callerHeaders, upstreamHeaders } from "../../../participants/attach/hop-headers.js";
+import { bodyCodings, callerHeaders, upstreamHeaders } from "../../../participants/attach/hop-headers.js";
 import { parseListen, parseUpstream } from "../../../participants/attach/upstream-url.js";
 import { proxiedLocation } from "../../../participants/attach/redirect-location.js";
 import { climbsAboveRoot } from "../../../participants/attach/canonical-route.js";
@@ -296,6 +296,27 @@ describe("hop-by-hop headers", () => {
     expect(upstreamHeaders(["Transfer-Encoding", "Identity, gzip, chunked"], "upstream:2")).toEqual(["host", "upstream:2", "content-encoding", "gzip"]);
     expect(callerHeaders({ "transfer-encoding": "identity", "content-type": "text/plain" })).toEqual({ "content-type": "text/plain" });
     expect(callerHeaders({ "transfer-encoding": "identity", "content-encoding": "gzip" })).toEqual({ "content-encoding": "gzip" });
+  });
+
+  // `chunked, gzip`: the framing is not the last coding, so no parser removes it and the body (read to
+  // the connection's close) still carries it. It was named `Content-Encoding: gzip` all the same.
+  it("names no Content-Encoding for an answer whose chunked is not its last coding, not even its own, and says so", () => {
+    const heard: string[] = [];
+    const onUnframed = (transfer: string) => heard.push(transfer);
+    expect(callerHeaders({ "transfer-encoding": "chunked, gzip", "content-type": "text/plain" }, undefined, onUnframed)).toEqual({ "content-type": "text/plain" });
+    expect(callerHeaders({ "transfer-encoding": "gzip, chunked, br", "content-encoding": "deflate" }, undefined, onUnframed)).toEqual({});
+    expect(heard).toEqual(["chunked, gzip", "gzip, chunked, br"]);
+    // chunked last, or absent: the other codings are the body's, named as before, and nothing is heard.
+    expect(callerHeaders({ "transfer-encoding": "gzip", "content-type": "text/plain" }, undefined, onUnframed)).toEqual({ "content-type": "text/plain", "content-encoding": "gzip" });
+    expect(callerHeaders({ "transfer-encoding": "identity, chunked", "content-encoding": "br" }, undefined, onUnframed)).toEqual({ "content-encoding": "br" });
+    expect(heard).toHaveLength(2);
+  });
+
+  it("reads the codings an answer's body carries past its chunked framing (identity none)", () => {
+    expect(bodyCodings({ "content-type": "application/json" })).toBeUndefined();
+    expect(bodyCodings({ "transfer-encoding": "chunked", "content-encoding": "identity" })).toBeUndefined();
+    expect(bodyCodings({ "content-encoding": "GZIP" })).toBe("gzip");
+    expect(bodyCodings({ "transfer-encoding": "gzip, chunked", "content-encoding": "br" })).toBe("br, gzip");
   });
 
   it("drops the headers the upstream's Connection names, and Proxy-Authenticate, from the caller's response (content-length kept)", () => {
