@@ -38,7 +38,7 @@ import {
   type ReplyOf,
   type RequestOf,
 } from "../../protocol/index.js";
-import { MAX_JOURNAL_ENTRY_BYTES, assertJournalEntryFits, type DecisionJournal, type JournalEntry } from "../ha/decision-journal.js";
+import { MAX_JOURNAL_ENTRY_BYTES, assertJournalEntryFits, type DecisionJournal, type JournalEntry, type RestoreOutcome } from "../ha/decision-journal.js";
 import type { Leadership } from "../ha/leadership.js";
 import type { MembershipSource, UnreadableMember } from "../membership/member-registry.js";
 import type { CheckpointCatalog } from "../publication/checkpoint-catalog.js";
@@ -341,7 +341,8 @@ export class CheckpointEngine {
    * retired, everyone resumed), or they were closed because no process held them any more. A
    * resume retried once such a restore closed answers `restore_failed` (this detail), not the
    * success a closed id gets: the controller must not continue rollouts nobody restored. Kept
-   * while the id is among the closed ids remembered (REMEMBERED_CLOSED).
+   * while the id is among the closed ids remembered (REMEMBERED_CLOSED). Of an earlier term, the
+   * journal's record of the id's last restore overrides it (learnRestoreOutcome).
    */
   private readonly restoreFailures = new Map<string, string>();
   /**
@@ -484,6 +485,8 @@ export class CheckpointEngine {
       }
       // Checked before anything is journaled: a refused resume changes nothing.
       const deadlineMs = this.deadline(request.deadline_ts);
+      // Not open, nor closed in this term: a leader of another term may have settled a restore of it since.
+      if (open?.id !== id && !closedThisTerm) await this.learnRestoreOutcome(id);
       // A controller abandoning a decided, unpublished checkpoint: withdrawn first (see abortDecided).
       if (open?.id === id && (open.phase === "committing" || open.phase === "committed")) {
         await this.withdrawDecision(open).catch((error: unknown) => {
@@ -527,6 +530,37 @@ export class CheckpointEngine {
       }
       return this.doResume(id, deadlineMs, ctx);
     }, request);
+  }
+
+  /**
+   * Aligns what is remembered of `id` (not open, not closed in this term) with how the last restore
+   * of it settled, as the journal records it (see DecisionJournal.restoreOutcome): this memory is
+   * of an earlier term at best, and a successor may have restored the id since, or cleaned a
+   * restore of it up. Restored: a failure remembered here is an earlier restore's, forgotten (the
+   * retry releases whoever still holds it, else succeeds). Cleaned up: answered restore_failed as
+   * if the clean-up ran here. No record (none written, or compacted after a day): memory as before.
+   * The journal unreadable: `outcome_unknown`, nothing changed, rather than guess either way.
+   */
+  private async learnRestoreOutcome(id: string): Promise<void> {
+    const outcome = await this.options.journal.restoreOutcome(id).catch((error: unknown) => {
+      throw new CheckpointError(
+        "outcome_unknown",
+        `checkpoint ${id}: the decision journal could not be read to learn whether another leader restored it since this coordinator last led (${error instanceof Error ? error.message : String(error)}); retry the resume`,
+        { cause: error },
+      );
+    });
+    if (outcome === undefined) return;
+    this.checkpointLog(id).info({ outcome, remembered_failure: this.restoreFailures.has(id) }, "resume_restore_outcome_from_journal");
+    // Closed (by whichever leader settled it): fenced for a prepare, and a retry asks its holders (releaseHolders).
+    if (!this.closed.has(id)) this.closed.set(id, this.leaderTerm - 1);
+    if (outcome === "restored") {
+      this.restoreFailures.delete(id);
+      this.failedRestores.delete(id);
+      return;
+    }
+    if (!this.restoreFailures.has(id)) {
+      this.restoreFailures.set(id, `the restore of checkpoint ${id} was cleaned up by another leader (attempt+1 retired where it may have been installed, everyone resumed): restart those rollouts from input`);
+    }
   }
 
   /**
@@ -2584,6 +2618,7 @@ export class CheckpointEngine {
   private close(id: string, afterLatest = true): Promise<boolean> {
     // Abandoned (resumed unpublished, no decision left journaled): its leader may delete what was committed into its directory.
     const abandonedIn = this.abandoned.delete(id) && this.open?.id === id ? this.open.epoch : undefined;
+    const outcome = this.restoreOutcomeOf(id);
     if (this.open?.id === id) this.open = undefined;
     this.closed.delete(id); // re-added: the most recent last
     this.closed.set(id, this.leaderTerm);
@@ -2601,12 +2636,23 @@ export class CheckpointEngine {
     const writes = this.journalWrites.get(id);
     const term = this.leaderTerm;
     return (afterLatest ? this.options.writer.durable() : Promise.resolve()).then(
-      () => this.removeEntry(id, writes, term),
+      () => this.removeEntry(id, writes, term, outcome),
       (error: unknown) => {
         this.log.error({ checkpoint_id: id, err: error }, "latest_fsync_failed_journal_entry_kept");
         return this.entryKept(id, writes);
       },
     );
+  }
+
+  /**
+   * How a restore of `id` closing now settled, recorded with its entry's removal for a later term's
+   * leader (restoreOutcome): cleaned up (or released unresumed) if a failure is remembered, else
+   * restored if the restore is what is open; undefined for anything else (no KV write added: the
+   * removal is the one every checkpoint makes).
+   */
+  private restoreOutcomeOf(id: string): RestoreOutcome | undefined {
+    if (this.restoreFailures.has(id)) return "restore_failed";
+    return this.open?.id === id && (this.open.phase === "restoring" || this.open.phase === "restored") ? "restored" : undefined;
   }
 
   /** close() after a resume, keeping where it failed, and the processes it addressed, for a retry of that resume (resumeAgain). */
@@ -2662,7 +2708,7 @@ export class CheckpointEngine {
    * left behind is acted on by a successor, which would run the clean-up of a restore whose resume
    * succeeded (retiring the attempt+1 its controller runs) once any Gym server restarted.
    */
-  private async removeEntry(id: string, writes: number | undefined, term: number): Promise<boolean> {
+  private async removeEntry(id: string, writes: number | undefined, term: number, outcome?: RestoreOutcome): Promise<boolean> {
     // A write since, or another term (whose recovery may have journaled this id anew), keeps it.
     const ours = () => this.journalWrites.get(id) === writes && this.leaderTerm === term && this.options.leadership.state().leader;
     for (let attempt = 1; ; attempt++) {
@@ -2672,7 +2718,7 @@ export class CheckpointEngine {
         // Checked again with no await before the removal is queued: a restore of this id may have
         // journaled in the await above, and the journal runs a key's writes in call order.
         if (!ours()) return false;
-        await this.options.journal.remove(id);
+        await this.options.journal.remove(id, outcome);
         if (this.journalWrites.get(id) === writes) this.journalWrites.delete(id);
         return true;
       } catch (error) {

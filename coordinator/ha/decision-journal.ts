@@ -40,7 +40,8 @@ import { latestEntries } from "../membership/kv-latest-entries.js";
  *              member restarted): recovery finishes it, retiring attempt+1 at `retire_at` and then
  *              resuming everyone; never re-driven (a participant's retire keeps its restore reply,
  *              so a re-sent restore would look restored where attempt+1 was already retired)
- * The entry is removed once everyone was resumed.
+ * The entry is removed once everyone was resumed; a restore's removal records how it settled
+ * (RestoreOutcomeRecordSchema), for a leader of a later term answering its resume retried.
  */
 export const JournalEntrySchema = z
   .object({
@@ -111,11 +112,27 @@ export function assertJournalEntryFits(entry: JournalEntry): string {
   return text;
 }
 
+/** How a restore of a checkpoint id settled: resumed after it restored everywhere, or cleaned up. */
+export type RestoreOutcome = "restored" | "restore_failed";
+
+/**
+ * What a restore's entry removal leaves in the journal (the purge marker's body): how it settled,
+ * for a leader of a later term answering that restore's resume retried (its own memory of the id
+ * may predate it). A plain removal (every checkpoint's) leaves no body.
+ */
+export const RestoreOutcomeRecordSchema = z.object({ restore: z.enum(["restored", "restore_failed"]) }).strict();
+
 export interface DecisionJournal {
   /** Durably records the entry; resolves only after the server acknowledged it. */
   record(entry: JournalEntry): Promise<void>;
-  remove(checkpointId: string): Promise<void>;
+  /** `outcome`: a settled restore's, kept with the removal (see restoreOutcome). */
+  remove(checkpointId: string, outcome?: RestoreOutcome): Promise<void>;
   list(): Promise<JournalEntry[]>;
+  /**
+   * How the last restore of the id settled, as the removal of its entry recorded it; undefined when
+   * the key holds an entry, nothing, a plain removal's marker, or the record was compacted away.
+   */
+  restoreOutcome(checkpointId: string): Promise<RestoreOutcome | undefined>;
 }
 
 /** A write in doubt: the value it wrote, or REMOVAL for a purge. */
@@ -132,6 +149,11 @@ function holds(doubt: Doubt | undefined, now: { removed: boolean; value: () => s
 
 /** How long a removed entry's purge marker stays before compaction drops it. */
 const MARKER_KEEP_MS = 30 * 60_000;
+/**
+ * How long a restore's marker, which records its outcome, stays: a controller retrying its resume
+ * at a coordinator that led before may come a while later, and restores are rare.
+ */
+const OUTCOME_KEEP_MS = 24 * 60 * 60_000;
 /** A long-lived leader compacts every this many removals (a recovery's listing also does). */
 const COMPACT_EVERY_REMOVALS = 128;
 
@@ -162,11 +184,14 @@ export class KvDecisionJournal implements DecisionJournal {
     private readonly nc: NatsConnection,
     private readonly bucket: string,
     private readonly kv: KV,
-    private readonly options: { logger?: Logger; markerKeepMs: number },
+    private readonly options: { logger?: Logger; markerKeepMs: number; outcomeKeepMs: number },
   ) {}
 
-  /** `markerKeepMs`: how long a removed entry's purge marker stays (default 30 min). */
-  static async open(nc: NatsConnection, deployment: string, logger?: Logger, markerKeepMs = MARKER_KEEP_MS): Promise<KvDecisionJournal> {
+  /**
+   * `markerKeepMs`: how long a removed entry's purge marker stays (default 30 min); `outcomeKeepMs`:
+   * one that records a restore's outcome (default 24 h, never less than `markerKeepMs`).
+   */
+  static async open(nc: NatsConnection, deployment: string, logger?: Logger, markerKeepMs = MARKER_KEEP_MS, outcomeKeepMs = OUTCOME_KEEP_MS): Promise<KvDecisionJournal> {
     const bucket = journalBucket(deployment);
     // Entries are removed by kv.purge and their markers dropped by stream purges: see remove, compactMarkers.
     const kv = await openBucketAsserted(nc, bucket, { history: 1, ttl: 0, purges: "keys" });
@@ -176,7 +201,7 @@ export class KvDecisionJournal implements DecisionJournal {
     // take an entry still there for removed. The journal is read at recovery and after a lost
     // acknowledgement only, so the leader's load stays small.
     readsFromStreamLeader(kv);
-    return new KvDecisionJournal(nc, bucket, kv, { logger: logger?.child({ module: "journal" }), markerKeepMs });
+    return new KvDecisionJournal(nc, bucket, kv, { logger: logger?.child({ module: "journal" }), markerKeepMs, outcomeKeepMs: Math.max(markerKeepMs, outcomeKeepMs) });
   }
 
   private get logger(): Logger | undefined {
@@ -198,8 +223,10 @@ export class KvDecisionJournal implements DecisionJournal {
   }
 
   private async dropOldMarkers(): Promise<void> {
-    const before = Date.now() - this.options.markerKeepMs;
-    const old = (await latestEntries(this.kv)).filter((e) => e.operation !== "PUT" && e.created.getTime() <= before);
+    const now = Date.now();
+    // A restore's marker (it has a body: its outcome) stays longer; restores are rare, so few of them.
+    const keptFor = (e: KvEntry) => (e.length > 0 ? this.options.outcomeKeepMs : this.options.markerKeepMs);
+    const old = (await latestEntries(this.kv)).filter((e) => e.operation !== "PUT" && e.created.getTime() <= now - keptFor(e));
     if (old.length === 0) return;
     const jsm = await jetstreamManager(this.nc);
     for (const { key, revision } of old) await jsm.streams.purge(`KV_${this.bucket}`, { filter: `$KV.${this.bucket}.${key}`, seq: revision + 1 });
@@ -223,7 +250,9 @@ export class KvDecisionJournal implements DecisionJournal {
     );
   }
 
-  async remove(checkpointId: string): Promise<void> {
+  async remove(checkpointId: string, outcome?: RestoreOutcome): Promise<void> {
+    // A restore's removal carries its outcome in the marker's body (the same one message): a plain one stays empty.
+    const body = outcome === undefined ? Empty : new TextEncoder().encode(JSON.stringify(RestoreOutcomeRecordSchema.parse({ restore: outcome })));
     // The value of this coordinator's create in doubt, when no revision of the key is known: it stays
     // the doubt if this attempt fails, as the create may land yet (or have landed) whatever it wrote.
     let created: string | undefined;
@@ -243,10 +272,12 @@ export class KvDecisionJournal implements DecisionJournal {
           const now = await this.latestAtLeader(checkpointId);
           const removed = now === null || !!now.header?.get("KV-Operation");
           if (!removed && now.string() !== doubt) return;
-          await this.purgeAt(checkpointId, now?.seq ?? 0);
+          await this.purgeAt(checkpointId, now?.seq ?? 0, body);
           return;
         }
-        await this.kv.purge(checkpointId, { previousSeq: known });
+        // kv.purge carries no body: a restore's outcome goes through purgeAt (the same message otherwise).
+        if (outcome === undefined) await this.kv.purge(checkpointId, { previousSeq: known });
+        else await this.purgeAt(checkpointId, known, body);
         this.revisions.delete(checkpointId);
         if (++this.removals % COMPACT_EVERY_REMOVALS === 0) void this.compactMarkers();
       },
@@ -259,12 +290,34 @@ export class KvDecisionJournal implements DecisionJournal {
     );
   }
 
-  /** kv.purge, but also at revision 0 ("no message for the key"), which kv.purge does not send. */
-  private async purgeAt(key: string, revision: number): Promise<void> {
+  /**
+   * kv.purge, but also at revision 0 ("no message for the key"), which kv.purge does not send, and
+   * with a body (a restore's outcome), which kv.purge does not carry.
+   */
+  private async purgeAt(key: string, revision: number, body: Uint8Array = Empty): Promise<void> {
     const h = headers();
     h.set("KV-Operation", "PURGE");
     h.set("Nats-Rollup", "sub");
-    await jetstream(this.nc).publish(`$KV.${this.bucket}.${key}`, Empty, { headers: h, expect: { lastSubjectSequence: revision } });
+    await jetstream(this.nc).publish(`$KV.${this.bucket}.${key}`, body, { headers: h, expect: { lastSubjectSequence: revision } });
+  }
+
+  async restoreOutcome(checkpointId: string): Promise<RestoreOutcome | undefined> {
+    // At the stream's leader: a lagging replica may not have the successor's removal yet.
+    const now = await this.latestAtLeader(checkpointId);
+    if (!now?.header?.get("KV-Operation") || now.data.length === 0) return undefined;
+    let value: unknown;
+    try {
+      value = now.json();
+    } catch {
+      value = undefined;
+    }
+    const parsed = RestoreOutcomeRecordSchema.safeParse(value);
+    // Not one this journal wrote: no record, as for a plain removal (logged).
+    if (!parsed.success) {
+      this.logger?.error({ key: checkpointId, revision: now.seq, bytes: now.data.length }, "journal_restore_outcome_invalid_ignored");
+      return undefined;
+    }
+    return parsed.data.restore;
   }
 
   /** The key's latest message (null: none) at the stream's leader: a replica's direct get may lag. */
@@ -397,15 +450,24 @@ export class KvDecisionJournal implements DecisionJournal {
 /** In-memory journal for unit tests and single-process tools. */
 export class MemoryDecisionJournal implements DecisionJournal {
   readonly entries = new Map<string, JournalEntry>();
-  readonly log: { op: "record" | "remove"; checkpoint_id: string; state?: JournalEntry["state"] }[] = [];
+  /** Per key, the outcome its last removal recorded, as the KV journal's latest marker keeps it. */
+  readonly outcomes = new Map<string, RestoreOutcome>();
+  readonly log: { op: "record" | "remove"; checkpoint_id: string; state?: JournalEntry["state"]; outcome?: RestoreOutcome }[] = [];
   async record(entry: JournalEntry): Promise<void> {
     assertJournalEntryFits(entry);
     this.entries.set(entry.checkpoint_id, JournalEntrySchema.parse(structuredClone(entry)));
+    this.outcomes.delete(entry.checkpoint_id);
     this.log.push({ op: "record", checkpoint_id: entry.checkpoint_id, state: entry.state });
   }
-  async remove(checkpointId: string): Promise<void> {
-    this.entries.delete(checkpointId);
-    this.log.push({ op: "remove", checkpoint_id: checkpointId });
+  async remove(checkpointId: string, outcome?: RestoreOutcome): Promise<void> {
+    // As the KV journal: a removal of nothing writes nothing.
+    if (!this.entries.delete(checkpointId)) return void this.log.push({ op: "remove", checkpoint_id: checkpointId });
+    if (outcome === undefined) this.outcomes.delete(checkpointId);
+    else this.outcomes.set(checkpointId, outcome);
+    this.log.push({ op: "remove", checkpoint_id: checkpointId, ...(outcome && { outcome }) });
+  }
+  async restoreOutcome(checkpointId: string): Promise<RestoreOutcome | undefined> {
+    return this.entries.has(checkpointId) ? undefined : this.outcomes.get(checkpointId);
   }
   async list(): Promise<JournalEntry[]> {
     return [...this.entries.values()].sort((a, b) => a.updated_at - b.updated_at);

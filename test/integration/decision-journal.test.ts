@@ -404,3 +404,48 @@ describe("KV decision journal: purge markers", () => {
     await (await KvDecisionJournal.open(nats.nc, "jempty", undefined, 0)).compactMarkers();
   });
 });
+
+/**
+ * A restore's removal records how it settled (the purge marker's body), for a leader of a later
+ * term answering that restore's retried resume (docs/api.md, resume): nothing durable recorded it
+ * before, so a coordinator that led again answered from its memory of an earlier restore.
+ */
+describe("KV decision journal: a restore's outcome", () => {
+  const e1 = { kind: "environment" as const, instance: "e1" };
+  const messages = async (deployment: string) => (await (await jetstreamManager(nats.nc)).streams.info(`KV_${journalBucket(deployment)}`)).state.messages;
+
+  it("is read back by another coordinator's journal after the removal; a plain removal, or an entry written since, has none", async () => {
+    const a = await KvDecisionJournal.open(nats.nc, "joutcome");
+    const b = await KvDecisionJournal.open(nats.nc, "joutcome");
+    await a.record(journalEntry({ checkpoint_id: "c1", state: "restore_cleanup", participants: [e1] }));
+    await a.remove("c1", "restore_failed");
+    expect(await b.restoreOutcome("c1")).toBe("restore_failed");
+    // The successor restores it again (its write takes the marker over) and resumes it.
+    await b.list();
+    await b.record(journalEntry({ checkpoint_id: "c1", state: "resuming", participants: [e1] }));
+    expect(await a.restoreOutcome("c1")).toBeUndefined();
+    await b.remove("c1", "restored");
+    expect(await a.restoreOutcome("c1")).toBe("restored");
+    expect((await a.list()).map((e) => e.checkpoint_id)).toEqual([]);
+    // A checkpoint's removal (no outcome) and a key never written: none.
+    await a.record(journalEntry({ checkpoint_id: "c2", state: "decided", participants: [e1] }));
+    await a.remove("c2");
+    expect(await b.restoreOutcome("c2")).toBeUndefined();
+    expect(await b.restoreOutcome("c3")).toBeUndefined();
+  });
+
+  it("outlives the plain markers' compaction, and goes once older than its own keep period", async () => {
+    const journal = await KvDecisionJournal.open(nats.nc, "joutkeep", undefined, 0);
+    await journal.record(journalEntry({ checkpoint_id: "c1", state: "restore_cleanup", participants: [e1] }));
+    await journal.record(journalEntry({ checkpoint_id: "c2", state: "decided", participants: [e1] }));
+    await journal.remove("c1", "restore_failed");
+    await journal.remove("c2");
+    await journal.compactMarkers();
+    expect(await messages("joutkeep")).toBe(1);
+    expect(await journal.restoreOutcome("c1")).toBe("restore_failed");
+    const later = await KvDecisionJournal.open(nats.nc, "joutkeep", undefined, 0, 0);
+    await later.compactMarkers();
+    expect(await messages("joutkeep")).toBe(0);
+    expect(await later.restoreOutcome("c1")).toBeUndefined();
+  });
+});

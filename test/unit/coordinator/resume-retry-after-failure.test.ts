@@ -341,3 +341,66 @@ describe("a restore cleaned up here, restored by a successor, re-driven after le
     await expect(first.engine.resume({ checkpoint_id: "c12", deadline_ts: deadline_ts() })).resolves.toEqual({ checkpoint_id: "c12", participants: [] });
   });
 });
+
+/**
+ * A restore's outcome is kept durably by whichever leader settled it (the journal's removal of its
+ * entry records it): a coordinator that led in an earlier term answers a resume's retry from that
+ * record, not from what its own memory of that term says. Before, a restore this coordinator
+ * cleaned up, restored again by a successor that resumed it (entry removed), was answered
+ * `restore_failed` once leadership came back: the controller restarted from input rollouts the Gym
+ * continues as attempt+1. And a restore the successor cleaned up was answered success (nobody held
+ * the id): the controller continued rollouts whose attempt+1 the successor retired.
+ */
+describe("a restore settled by a successor, its resume retried after leadership came back", () => {
+  const scope = [{ rollout_id: "r1", attempt: 0 }];
+
+  it("restored and resumed there: answered as resumed, not from this coordinator's earlier clean-up", async () => {
+    const first = makeEngine(root, { requireRecovery: true });
+    await first.engine.recover();
+    await first.engine.checkpoint({ checkpoint_id: "c13", episode_ids: null, stop: false, controller_state: null });
+    await journalEmptied(first.journal);
+    const deadline_ts = () => first.clock.now() / 1000 + 60;
+    first.fake.set("environment", "e1", "restore", { error: "storage_error" });
+    expect((await refusalOf(first.engine.restore({ checkpoint_id: "c13", deadline_ts: deadline_ts(), episode_ids: scope }))).code).toBe("restore_failed");
+    await journalEmptied(first.journal);
+    first.engine.leadershipLost();
+    // The successor restores it again into fresh processes, resumes it, and removes its entry.
+    for (const m of FOUR_KINDS) first.fake.restart(m.kind, m.instance);
+    first.fake.set("environment", "e1", "restore", "ok");
+    const second = makeEngine(root, { requireRecovery: true, successorOf: first, epoch: 8 });
+    await second.engine.recover();
+    await second.engine.restore({ checkpoint_id: "c13", deadline_ts: deadline_ts(), episode_ids: scope });
+    await second.engine.resume({ checkpoint_id: "c13", deadline_ts: deadline_ts() });
+    await journalEmptied(first.journal);
+    second.engine.leadershipLost();
+    // This coordinator leads again; the controller's resume (its reply from the successor lost) is retried here.
+    expect(await first.engine.recover()).toEqual([]);
+    const before = first.fake.ops("resume").length;
+    // The journal unreadable: outcome_unknown, nothing sent, rather than a guess either way.
+    const read = first.journal.restoreOutcome.bind(first.journal);
+    first.journal.restoreOutcome = () => Promise.reject(new Error("journal timeout (scripted)"));
+    expect((await refusalOf(first.engine.resume({ checkpoint_id: "c13", deadline_ts: deadline_ts() }))).code).toBe("outcome_unknown");
+    first.journal.restoreOutcome = read;
+    await expect(first.engine.resume({ checkpoint_id: "c13", deadline_ts: deadline_ts() })).resolves.toEqual({ checkpoint_id: "c13", participants: [] });
+    expect(first.fake.ops("resume").length).toBe(before);
+    // The checkpoint's own removal recorded no outcome (no write beyond the one every checkpoint makes); the restores' did.
+    expect(first.journal.log.filter((l) => l.op === "remove" && l.checkpoint_id === "c13").map((l) => l.outcome ?? null)).toEqual([null, "restore_failed", "restored"]);
+  });
+
+  it("cleaned up there: answered restore_failed, not success from this coordinator's earlier close", async () => {
+    const first = makeEngine(root, { requireRecovery: true });
+    await first.engine.recover();
+    await first.engine.checkpoint({ checkpoint_id: "c14", episode_ids: null, stop: false, controller_state: null });
+    await journalEmptied(first.journal);
+    first.engine.leadershipLost();
+    const deadline_ts = () => first.clock.now() / 1000 + 60;
+    const second = makeEngine(root, { requireRecovery: true, successorOf: first, epoch: 8 });
+    await second.engine.recover();
+    first.fake.set("environment", "e1", "restore", { error: "storage_error" });
+    expect((await refusalOf(second.engine.restore({ checkpoint_id: "c14", deadline_ts: deadline_ts(), episode_ids: scope }))).code).toBe("restore_failed");
+    await journalEmptied(first.journal);
+    second.engine.leadershipLost();
+    expect(await first.engine.recover()).toEqual([]);
+    expect((await refusalOf(first.engine.resume({ checkpoint_id: "c14", deadline_ts: deadline_ts() }))).code).toBe("restore_failed");
+  });
+});
