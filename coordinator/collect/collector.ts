@@ -229,8 +229,8 @@ export class Collector {
   /** halt() was called, or the collection failed (stopSending): no /run is sent or logged and no reply taken any more. */
   private halted = false;
   /**
-   * Aborted by halt({ resumeCheckpoint }) (a SIGINT, a SIGHUP): a checkpoint (not a stop) under way
-   * gives up where it is and is resumed, and none starts.
+   * Aborted by halt({ resumeCheckpoint }) (a SIGINT, a SIGHUP) and by a failed run(): a checkpoint
+   * under way gives up where it is and is resumed, and none starts.
    */
   private readonly leaving = new AbortController();
   /**
@@ -785,13 +785,16 @@ export class Collector {
     } catch (error) {
       this.ended = true;
       this.stopSending();
-      // Every worker comes back before run() rejects, so nothing is logged or sent once it has (its
-      // caller releases the lock and exits). Bounded: a worker held by storage that hangs (a task
-      // line or dispatched.jsonl on a dead mount) does not hold the failure for ever.
-      await this.workersBack(workers);
       this.ownOps.end();
-      clearInterval(this.timer);
       clearTimeout(this.retireRetry);
+      // Our checkpoint under way (timer, SIGUSR1, a SIGTERM's stop) is given up and resumed, as on a
+      // SIGINT: nothing may be committed, published or resumed once the failure is out.
+      this.leaving.abort();
+      // Every worker comes back, and our checkpoint, retires and forgets under way end, before
+      // run() rejects, so nothing is logged or sent once it has (its caller releases the lock and
+      // exits). Bounded: a worker held by storage that hangs (a task line or dispatched.jsonl on a
+      // dead mount), or an op the controller does not answer, does not hold the failure for ever.
+      await this.drained(workers);
       // The rows already in --out are never run again: their buffered records are written now (or
       // counted unwritten), once the appends still under way have ended.
       await Promise.allSettled([...this.finishing]);
@@ -890,14 +893,22 @@ export class Collector {
   }
 
   /**
-   * Waits for the workers to come back once stopSending() woke them: their /runs are aborted, so
-   * only storage can hold one (a task line read, a dispatched.jsonl append); at most --run-timeout-s.
+   * Waits, at most --run-timeout-s in all, for the workers to come back once stopSending() woke
+   * them (their /runs are aborted, so only storage can hold one: a task line read, a
+   * dispatched.jsonl append) and for the lock to drain: our checkpoint under way (given up once
+   * `leaving` is aborted, then resumed), retires (flushRetires) and forgets (forgetSoon) still sent.
    */
-  private async workersBack(workers: Promise<void>[]): Promise<void> {
-    const back = new AbortController();
-    const ended = Promise.allSettled(workers).then(() => true);
-    const inTime = await Promise.race([ended, delay(this.runTimeoutMs / 1000, back.signal).then(() => false)]).finally(() => back.abort());
-    if (!inTime) this.options.logger.warn({ wait_s: this.runTimeoutMs / 1000 }, "a worker did not come back within --run-timeout-s of the collection failing (its storage hangs?); failing without it");
+  private async drained(workers: Promise<void>[]): Promise<void> {
+    const bound = new AbortController();
+    const timedOut = delay(this.runTimeoutMs / 1000, bound.signal).then(() => false);
+    const workersBack = Promise.allSettled(workers).then(() => true);
+    // Nothing queues behind this once stopped: no timer, no retry or background resend, and
+    // forgetQueued sends nothing once stopping.
+    const lockDrained = this.lock.run(() => undefined).then(() => true);
+    const [back, done] = await Promise.all([Promise.race([workersBack, timedOut]), Promise.race([lockDrained, timedOut])]).finally(() => bound.abort());
+    const wait_s = this.runTimeoutMs / 1000;
+    if (!back) this.options.logger.warn({ wait_s }, "a worker did not come back within --run-timeout-s of the collection failing (its storage hangs?); failing without it");
+    if (!done) this.options.logger.warn({ wait_s }, "our checkpoint, a retire or a forget under way did not end within --run-timeout-s of the collection failing (the controller does not answer?); failing without it");
   }
 
   private async worker(): Promise<void> {
@@ -1261,7 +1272,8 @@ export class Collector {
 
   /**
    * Stops the collection where it is, for an exit without a checkpoint (SIGINT, SIGHUP) or after the
-   * stop checkpoint: no further /run is sent, no checkpoint runs, and a reply arriving from now on is
+   * stop checkpoint: no further /run is sent, no checkpoint runs, no failed retire is tried again
+   * (flushRetires), and a reply arriving from now on is
    * dropped, not appended to --out (the dispatch log names its attempt, so the next start retires
    * it and sends the row again). Resolves once the rows already being appended are in --out and
    * their records buffered, so the flush that follows writes every row --out has. `resumeCheckpoint`
@@ -1410,7 +1422,9 @@ export class Collector {
       this.wakeDispatchers();
       this.report(false);
       this.retireFailures.failed(err, waiting ? "retire failed; retrying" : "retire failed; retried before the next checkpoint");
-      if (waiting && !this.retireRetry) {
+      // Not once halted (a signal, or the collection failed): halt() and run() cleared the timer,
+      // and a retire sent after them goes out as the lock is released and NATS closed.
+      if (waiting && !this.retireRetry && !this.halted) {
         this.retireRetry = setTimeout(() => {
           this.retireRetry = undefined;
           this.flushRetires();

@@ -20,6 +20,7 @@ import { makeEngine, writeParticipant, writers } from "../coordinator/fake-parti
 import { collectorIn } from "../../support/collector-fixture.js";
 import { createLogger } from "../../../coordinator/telemetry/logger.js";
 import { deferred } from "../../support/deferred.js";
+import { delay } from "../../../coordinator/collect/delay.js";
 
 /**
  * The collector against a scripted `/run` server and a fake controller that keeps the engine's
@@ -1797,6 +1798,28 @@ describe("collector timer checkpoints", () => {
   });
 });
 
+/**
+ * A /run server holding every request until the test answers it (`answer`); `dropped` settles once
+ * the collector hung up on the /run of `watched` (stopSending aborts the /runs in flight).
+ */
+async function heldRunServer(watched: string) {
+  const requests: string[] = [];
+  const answers = new Map<string, (status: number, body: unknown) => void>();
+  const dropped = deferred();
+  server = createServer((req, res) => {
+    let data = "";
+    req.on("data", (chunk: Buffer) => (data += chunk.toString()));
+    req.on("end", () => {
+      const { rollout_id } = JSON.parse(data) as RunRequest;
+      requests.push(rollout_id);
+      if (rollout_id === watched) res.on("close", () => void (!res.writableFinished && dropped.resolve()));
+      answers.set(rollout_id, (status, body) => res.writeHead(status, { "content-type": "application/json" }).end(JSON.stringify(body)));
+    });
+  });
+  await new Promise<void>((resolve) => server!.listen(0, "127.0.0.1", resolve));
+  return { url: `http://127.0.0.1:${(server.address() as { port: number }).port}/run`, requests, answers, dropped };
+}
+
 describe("collector failures", () => {
   it("a run that cannot append its results stops dispatching and drops the /runs in flight at once", { timeout: 10_000 }, async () => {
     const out = join(dir, "results.jsonl");
@@ -1899,12 +1922,98 @@ describe("collector failures", () => {
     await waitUntil(() => refusalSent, "b's refusal sent", 5000);
     await unappendable(out);
     answers.get("a")!(200, { reward: 1 });
-    await expect(run).rejects.toMatchObject({ code: "EISDIR" });
-    // b's worker was woken and came back (its report) before run() rejected, not once the checkpoint ends.
-    expect(reports).toBe(1);
+    // b's worker is woken and comes back (its report) while our checkpoint is still open, not once it ends.
+    await waitUntil(() => reports === 1, "b's worker back", 5000);
+    expect(preparing).toBe(true);
+    // The checkpoint is given up (see the next test) once its prepare answers; run() rejects after it.
     prepared.resolve();
+    await expect(run).rejects.toMatchObject({ code: "EISDIR" });
     await checkpoint;
     expect(requests.sort()).toEqual(["a", "b"]);
+  });
+
+  it("a run that fails while our checkpoint is under way gives it up and resumes it before rejecting: no commit, publish or resume after the rejection", { timeout: 10_000 }, async () => {
+    const out = join(dir, "results.jsonl");
+    const { url, answers, dropped } = await heldRunServer("b");
+    // Our checkpoint's prepare answers only once the collection has failed (b's /run dropped).
+    let preparing = false;
+    const fake = fakeController({
+      prepare: async (req: never) => {
+        preparing = true;
+        await dropped.promise;
+        return fake.base.prepare(req);
+      },
+    });
+    const rows = ["a", "b"].map((rolloutId) => ({ rolloutId, task: {} }));
+    const collector = collectorFor(fake.controller, url, { rows, concurrency: 2, outPath: out });
+    await collector.start();
+    const run = collector.run();
+    await waitUntil(() => answers.has("a") && answers.has("b"), "a and b in flight", 5000);
+    const checkpoint = collector.checkpoint({ stop: false });
+    await waitUntil(() => preparing, "our checkpoint's prepare sent", 5000);
+    await unappendable(out);
+    answers.get("a")!(200, { reward: 1 });
+    await expect(run).rejects.toMatchObject({ code: "EISDIR" });
+    const atRejection = fake.calls.length;
+    expect(await checkpoint).toMatchObject({ published: false });
+    // The CLI releases the lock and closes NATS on the rejection: the checkpoint was closed before it.
+    expect(fake.calls.slice(atRejection).map((c) => c.op)).toEqual([]);
+    expect(fake.calls.map((c) => c.op)).toEqual(["prepare", "resume"]);
+    expect(fake.state.open).toBeNull();
+  });
+
+  it("a run that fails waits for a retire still under way (and sends it no more) before rejecting", { timeout: 10_000 }, async () => {
+    const out = join(dir, "results.jsonl");
+    const { url, answers, dropped } = await heldRunServer("b");
+    // c's attempt failed: its retire is under way, answered (unreachable) only once the collection has failed.
+    let retireAnswered = false;
+    const fake = fakeController({
+      retire: async (req: never) => {
+        fake.calls.push({ op: "retire", req });
+        await dropped.promise;
+        retireAnswered = true;
+        throw new CheckpointError("unreachable", "a Gym server did not answer the retire");
+      },
+    });
+    const rows = ["a", "b", "c"].map((rolloutId) => ({ rolloutId, task: {} }));
+    const collector = collectorFor(fake.controller, url, { rows, concurrency: 3, outPath: out });
+    await collector.start();
+    const run = collector.run();
+    await waitUntil(() => answers.size === 3, "a, b and c in flight", 5000);
+    answers.get("c")!(500, { error: "boom" });
+    await waitUntil(() => fake.calls.some((c) => c.op === "retire"), "c's retire sent", 5000);
+    await unappendable(out);
+    answers.get("a")!(200, { reward: 1 });
+    await expect(run).rejects.toMatchObject({ code: "EISDIR" });
+    expect(retireAnswered).toBe(true);
+    const atRejection = fake.calls.length;
+    // A failed retire is tried again every retireS while a row waits for it: not once the run failed.
+    await delay(SHORT_PAUSES.retireS * 5);
+    expect(fake.calls.slice(atRejection)).toEqual([]);
+  });
+
+  it("a run that fails waits at most --run-timeout-s for a retire the controller does not answer", { timeout: 10_000 }, async () => {
+    const out = join(dir, "results.jsonl");
+    const { url, answers } = await heldRunServer("b");
+    const fake = fakeController({
+      retire: async (req: never) => {
+        fake.calls.push({ op: "retire", req });
+        return new Promise(() => undefined);
+      },
+    });
+    const { log, lines } = capturingLogger();
+    const rows = ["a", "b", "c"].map((rolloutId) => ({ rolloutId, task: {} }));
+    const collector = collectorFor(fake.controller, url, { rows, concurrency: 3, outPath: out, runTimeoutSeconds: 2, logger: log });
+    await collector.start();
+    const run = collector.run();
+    await waitUntil(() => answers.size === 3, "a, b and c in flight", 5000);
+    answers.get("c")!(500, { error: "boom" });
+    await waitUntil(() => fake.calls.some((c) => c.op === "retire"), "c's retire sent", 5000);
+    await unappendable(out);
+    answers.get("a")!(200, { reward: 1 });
+    await expect(run).rejects.toMatchObject({ code: "EISDIR" });
+    expect(lines.filter((l) => l.msg.startsWith("our checkpoint, a retire or a forget under way did not end")).length).toBe(1);
+    expect(lines.filter((l) => l.msg.startsWith("a worker did not come back")).length).toBe(0);
   });
 
   it("a run whose --out cannot be made fails before any /run: a later --new-collection tells by that file that no row finished", async () => {
@@ -2419,6 +2528,32 @@ describe("collector --checkpoint-dir", () => {
 
 describe("collector halt (SIGINT, SIGHUP)", () => {
   const trajectory = { task_name: null, prompt: null, nodes: [], reward: 1, turns: 0, stop_condition: null, is_completed: true, replay: null };
+
+  it("sends no retire once halted: one under way that fails is not tried again", { timeout: 10_000 }, async () => {
+    const { url, answers } = await heldRunServer("a");
+    const retired = deferred();
+    const fake = fakeController({
+      retire: async (req: never) => {
+        fake.calls.push({ op: "retire", req });
+        await retired.promise;
+        throw new CheckpointError("unreachable", "a Gym server did not answer the retire");
+      },
+    });
+    const rows = ["a", "c"].map((rolloutId) => ({ rolloutId, task: {} }));
+    const collector = collectorFor(fake.controller, url, { rows, concurrency: 2 });
+    await collector.start();
+    const run = collector.run();
+    await waitUntil(() => answers.size === 2, "a and c in flight", 5000);
+    answers.get("c")!(500, { error: "boom" });
+    await waitUntil(() => fake.calls.some((c) => c.op === "retire"), "c's retire sent", 5000);
+    await collector.halt({ resumeCheckpoint: true });
+    const atHalt = fake.calls.length;
+    retired.resolve(); // the retire under way fails after the halt
+    await delay(SHORT_PAUSES.retireS * 5);
+    expect(fake.calls.slice(atHalt)).toEqual([]);
+    answers.get("a")!(200, { reward: 1 }); // dropped: the worker comes back
+    await run;
+  });
 
   it("sends no /run and appends no row once halted, so every row in --out is in the records flushed after it or counted unwritten", async () => {
     // The first 8 /runs answer at once; the ones after are held until the test lets them answer, after the halt.
