@@ -1421,7 +1421,7 @@ export class Collector {
       this.retiresFailing = waiting;
       this.wakeDispatchers();
       this.report(false);
-      this.retireFailures.failed(err, waiting ? "retire failed; retrying" : "retire failed; retried before the next checkpoint");
+      this.retireFailures.failed(err, this.halted ? "retire failed; the next start retires its attempts" : waiting ? "retire failed; retrying" : "retire failed; retried before the next checkpoint");
       // Not once halted (a signal, or the collection failed): halt() and run() cleared the timer,
       // and a retire sent after them goes out as the lock is released and NATS closed.
       if (waiting && !this.retireRetry && !this.halted) {

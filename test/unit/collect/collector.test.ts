@@ -2540,7 +2540,8 @@ describe("collector halt (SIGINT, SIGHUP)", () => {
       },
     });
     const rows = ["a", "c"].map((rolloutId) => ({ rolloutId, task: {} }));
-    const collector = collectorFor(fake.controller, url, { rows, concurrency: 2 });
+    const { log, lines } = capturingLogger();
+    const collector = collectorFor(fake.controller, url, { rows, concurrency: 2, logger: log });
     await collector.start();
     const run = collector.run();
     await waitUntil(() => answers.size === 2, "a and c in flight", 5000);
@@ -2551,6 +2552,7 @@ describe("collector halt (SIGINT, SIGHUP)", () => {
     retired.resolve(); // the retire under way fails after the halt
     await delay(SHORT_PAUSES.retireS * 5);
     expect(fake.calls.slice(atHalt)).toEqual([]);
+    expect(lines.filter((l) => l.msg.startsWith("retire failed")).map((l) => l.msg)).toEqual(["retire failed; the next start retires its attempts"]);
     answers.get("a")!(200, { reward: 1 }); // dropped: the worker comes back
     await run;
   });
