@@ -8,7 +8,10 @@ import { KvMemberRegistry, operationOf, readEntry, type MembershipSource, type U
 
 type KvWatch = QueuedIterator<KvWatchEntry>;
 
-/** Reads of the bucket (after a reconnect, or of a re-created bucket) tried before giving up: the watch still refreshes the view. */
+/**
+ * Reads of a re-created bucket tried before giving up: the watch still refreshes the view. The read
+ * after a reconnect never gives up (see reseedAfterReconnect).
+ */
 const RESEED_ATTEMPTS = 6;
 
 /** A key's latest entry: its member, or (never both) why it cannot be read. */
@@ -136,12 +139,15 @@ export class WatchedMemberRegistry implements MembershipSource {
   /**
    * Reads the bucket again, retried (a JetStream that answers nothing yet right after the
    * reconnect, a stream leader being elected) until it succeeds, a later reconnect reads again, or
-   * this registry stops. Listings wait for the read in flight, not for the pauses between.
+   * this registry stops. Listings wait for the read in flight, not for the pauses between. Never
+   * given up: only a read makes the view current again (lostAt), and until then the restore
+   * clean-up gives nobody up (viewCurrent), however long that takes.
    */
   private async reseedAfterReconnect(): Promise<void> {
     const round = ++this.reseedRound;
     const disconnects = this.disconnects;
-    const succeeded = await this.retrying("membership_reseed_failed", () => this.stopped || round !== this.reseedRound, () => {
+    const ended = () => this.stopped || round !== this.reseedRound;
+    const succeeded = await this.retrying("membership_reseed_failed", ended, Infinity, () => {
       const attempt = this.reseedOnce();
       // A listing waiting on it goes on with the view either way (the failure is logged by retrying).
       const reseeding = attempt.catch(() => undefined).finally(() => {
@@ -155,11 +161,11 @@ export class WatchedMemberRegistry implements MembershipSource {
   }
 
   /**
-   * Runs `attempt` until it succeeds (true), `ended()` or RESEED_ATTEMPTS failures (false), with a
-   * jittered pause growing per failure between (real time, drawn from the clock's random source:
-   * coordinators that lost NATS together spread out). Each failure is logged as `event`.
+   * Runs `attempt` until it succeeds (true), `ended()` or `attempts` failures (false), with a
+   * jittered pause growing per failure between (up to 5 s; real time, drawn from the clock's random
+   * source: coordinators that lost NATS together spread out). Each failure is logged as `event`.
    */
-  private async retrying(event: string, ended: () => boolean, attempt: () => Promise<void>): Promise<boolean> {
+  private async retrying(event: string, ended: () => boolean, attempts: number, attempt: () => Promise<void>): Promise<boolean> {
     for (let n = 1; !ended(); n++) {
       try {
         await attempt();
@@ -167,7 +173,7 @@ export class WatchedMemberRegistry implements MembershipSource {
       } catch (error) {
         this.logger?.warn({ err: error, attempt: n }, event);
         // Stopped while it was in flight: no pause (stop() ended those already) nor another try.
-        if (n >= RESEED_ATTEMPTS || ended()) return false;
+        if (n >= attempts || ended()) return false;
       }
       await this.pause(equalJitter(Math.min(5_000, 100 * 2 ** n), this.clock.random));
     }
@@ -357,7 +363,7 @@ export class WatchedMemberRegistry implements MembershipSource {
       this.follow(watch);
       // Nothing applied yet: no revision to resume from, so what the bucket holds is read afresh
       // (retried: until then only members that beat again are listed). A later re-creation reads itself.
-      if (this.lastRevision === 0) await this.retrying("membership_seed_failed", () => this.stopped || generation !== this.generation, async () => {
+      if (this.lastRevision === 0) await this.retrying("membership_seed_failed", () => this.stopped || generation !== this.generation, RESEED_ATTEMPTS, async () => {
           await this.reassertBucket();
           await this.seed();
         });
@@ -431,7 +437,7 @@ export class WatchedMemberRegistry implements MembershipSource {
    * member that joined is missing (a retire, the fence, would not reach it), one that left is still
    * listed (a prepare waits out its probes and fails), and one cut off longer than the TTL less a
    * heartbeat aged out. A listing waits for the read in flight (up to a JetStream request timeout,
-   * 5 s), not for the pauses between reads, nor once they gave up.
+   * 5 s), not for the pauses between reads.
    */
   private viewMayMissMembers(): boolean {
     return this.lostAt !== undefined;

@@ -95,17 +95,25 @@ describe("membership re-read after a reconnect", () => {
     }
   });
 
-  it("gives up after a bounded number of attempts (the watch still refreshes the view)", async () => {
-    pausesCut();
-    const { watched, internals } = registry();
+  // Given up after 6 failures, the view stayed "not current" (lostAt) until the next reconnect,
+  // however long: the restore clean-up gave nobody up for good (viewCurrent false).
+  it("keeps retrying past 6 failures, its pause capped, until a read succeeds: the view is current again", async () => {
+    const delays = pausesCut();
+    const { watched, internals, clock } = registry();
+    clock.random = () => 0;
     let reads = 0;
     internals.readBucket = async () => {
       reads += 1;
-      throw new Error("JetStream not available");
+      if (reads <= 8) throw new Error("JetStream not available");
+      return holding("live");
     };
+    internals.lostAt = clock.monotonic();
     try {
       await internals.reseedAfterReconnect();
-      expect(reads).toBe(6);
+      expect(reads).toBe(9);
+      expect(delays).toEqual([100, 200, 400, 800, 1_600, 2_500, 2_500, 2_500]);
+      expect(watched.viewCurrent()).toBe(true);
+      expect(await watched.list()).toEqual([{ kind: "model", instance: "live" }]);
     } finally {
       watched.stop();
     }
