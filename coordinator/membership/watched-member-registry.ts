@@ -88,6 +88,8 @@ export class WatchedMemberRegistry implements MembershipSource {
    * checks again while it stands: refusedStill).
    */
   private refusal: CheckpointError | undefined;
+  /** The assertion in flight: listings while refused share it rather than each sending its own. */
+  private bucketCheck: Promise<void> | undefined;
   /** onIncarnationChange's listeners, per member key. */
   private readonly incarnationListeners = new Map<string, Set<() => void>>();
 
@@ -207,7 +209,15 @@ export class WatchedMemberRegistry implements MembershipSource {
    * stands, checks again. Anything
    * else (NATS not answering) is thrown, for the read to be retried.
    */
-  private async reassertBucket(): Promise<void> {
+  private reassertBucket(): Promise<void> {
+    const check = this.checkBucket().finally(() => {
+      if (this.bucketCheck === check) this.bucketCheck = undefined;
+    });
+    this.bucketCheck = check;
+    return check;
+  }
+
+  private async checkBucket(): Promise<void> {
     if (!this.assertBucket) return;
     try {
       await this.assertBucket();
@@ -447,10 +457,11 @@ export class WatchedMemberRegistry implements MembershipSource {
    * The refusal `assertBucket` keeps, checked again first: a bucket fixed in place (`nats stream
    * edit` dropping a stray subject or source) is neither re-created nor read again after a
    * reconnect, so the refusal would otherwise outlive the fault until the next one. Asserting fails
-   * otherwise (NATS not answering): the refusal stands.
+   * otherwise (NATS not answering): the refusal stands. A check in flight (another listing's, a
+   * re-read's) is waited for rather than another sent: a burst of listings sends one.
    */
   private async refusedStill(): Promise<CheckpointError | undefined> {
-    if (this.refusal) await this.reassertBucket().catch(() => undefined);
+    if (this.refusal) await (this.bucketCheck ?? this.reassertBucket()).catch(() => undefined);
     return this.refusal;
   }
 

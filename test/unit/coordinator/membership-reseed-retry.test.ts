@@ -353,6 +353,41 @@ describe("the members bucket's config, asserted again after a reconnect", () => 
     }
   });
 
+  // Each listing asserted again on its own: a burst of listings (every prepare and status while
+  // refused) sent as many stream-info requests at once.
+  it("shares one assertion in flight among the listings that ask while refused", async () => {
+    pausesCut();
+    const refusal = new CheckpointError("invalid_request", "KV bucket gym_ckpt_d_members is kept in memory storage");
+    let asserts = 0;
+    let answer: (() => void) | undefined;
+    const assertBucket = async () => {
+      asserts += 1;
+      if (asserts > 1) await new Promise<void>((resolve) => (answer = resolve));
+      throw refusal;
+    };
+    const watched = new WatchedMemberRegistry({} as KV, undefined, new TestClock(), MEMBER_TTL_MS, MEMBER_HEARTBEAT_MS, assertBucket);
+    const internals = watched as unknown as RegistryInternals;
+    internals.readBucket = async () => holding("live");
+    try {
+      await internals.reseedAfterReconnect();
+      expect(asserts).toBe(1);
+      const listings = [watched.list(), watched.list(), watched.unreadable()].map((listing) => refusalOf(listing));
+      expect(await settlesAtOnce(Promise.all(listings))).toBe(false);
+      expect(asserts).toBe(2);
+      answer!();
+      answer = undefined;
+      expect((await Promise.all(listings)).map((r) => r.code)).toEqual(["invalid_request", "invalid_request", "invalid_request"]);
+      // Over: the next listing asserts again.
+      const later = refusalOf(watched.list());
+      await vi.waitFor(() => expect(answer).toBeDefined());
+      expect(asserts).toBe(3);
+      answer!();
+      expect((await later).code).toBe("invalid_request");
+    } finally {
+      watched.stop();
+    }
+  });
+
   it("keeps refusing listings when asserting again fails otherwise (NATS not answering)", async () => {
     pausesCut();
     let failure: Error = new CheckpointError("invalid_request", "KV bucket gym_ckpt_d_members is sealed");
