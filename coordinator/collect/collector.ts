@@ -219,6 +219,8 @@ export class Collector {
   /** Our checkpoints' ops, sent again while their outcome is unknown, and the resumes still unanswered. */
   private readonly ownOps: OwnCheckpointOps;
   private readonly toForget = new Set<string>();
+  /** The checkpoint ids the log read at start names (this collection's, or the abandoned one's): see parkedForAnotherControllersStop. */
+  private loggedCheckpoints: ReadonlySet<string> = new Set();
   private log!: DispatchLog;
   private runId = `run-${new Date().toISOString().replace(/[-:.TZ]/g, "").slice(0, 14)}-${randomBytes(4).toString("hex")}`;
   private checkpoints = 0;
@@ -371,6 +373,7 @@ export class Collector {
     }
     this.doneBefore = this.queue.counts.done;
     const knownCheckpoints = history?.checkpoints ?? abandonedCheckpoints ?? new Set<string>();
+    this.loggedCheckpoints = knownCheckpoints;
     const unfinished = new Map([...(history?.latest ?? [])].filter(([id]) => this.states.get(id)?.status === "pending"));
     const restoredOnly = history?.restoredOnly ?? new Set<string>();
     // Logged attempts of rollouts --tasks no longer names (edited since the crash) and --out does
@@ -521,6 +524,7 @@ export class Collector {
     // live rollouts of another collection here.
     await this.visibleLatest();
     const earlierFinished = finishedOut ?? (earlier ? await readResultsIfPresent(earlier.out) : undefined);
+    this.loggedCheckpoints = history.checkpoints;
     const status = await this.ownOps.resent("start-up status", undefined, () => this.options.controller.status());
     const open = status.checkpoint;
     /** Rollouts a restore it left open may have installed at attempt + 1: never sent since. */
@@ -1487,7 +1491,8 @@ export class Collector {
    * every retire until their lease expires. The refusal names the checkpoint only in its text, the
    * status names it as data. With a checkpoint open at the coordinator nothing is resumed (another
    * controller's op may be under way, and the coordinator itself refused), nor with a status that
-   * is not the ready (recovered) leader's: false, as when no participant holds one.
+   * is not the ready (recovered) leader's: false, as when no participant holds one. Nor is another
+   * controller's published stop checkpoint (see parkedForAnotherControllersStop).
    */
   private async resumeParkedElsewhere(refusal: unknown): Promise<boolean> {
     const status = await this.ownOps.resent("start-up status", undefined, () => this.options.controller.status());
@@ -1496,7 +1501,16 @@ export class Collector {
     // checkpoint, prepared or restored between its steps, which the resume would abort or end.
     const { leader, ready } = status.coordinator;
     if (status.checkpoint || !leader || !ready) return false;
-    const held = [...new Set(status.participants.filter((p) => p.checkpoint_id && p.phase !== null && p.phase !== "idle").map((p) => p.checkpoint_id!))];
+    const parked = [...new Set(status.participants.filter((p) => p.checkpoint_id && p.phase !== null && p.phase !== "idle").map((p) => p.checkpoint_id!))];
+    // Every id looked up before anything is resumed: a lookup that fails fails the start unresumed.
+    const held: string[] = [];
+    for (const id of parked) {
+      if (await this.parkedForAnotherControllersStop(id)) {
+        this.options.logger.warn({ checkpoint_id: id, err: refusal }, "the start's retire was refused by participants parked in another controller's stop checkpoint; left for that controller to stop");
+      } else {
+        held.push(id);
+      }
+    }
     for (const id of held) {
       this.options.logger.warn({ checkpoint_id: id, err: refusal }, "the start's retire was refused by participants still parked in a checkpoint nobody resumed; resuming it");
       await this.ownOps.resumeSent("resume of a checkpoint participants were left parked in", id).catch((error: unknown) => {
@@ -1505,6 +1519,25 @@ export class Collector {
       });
     }
     return held.length > 0;
+  }
+
+  /**
+   * Whether `id` is a published stop checkpoint this collection's log does not name. A stop
+   * checkpoint is closed by its publish while its Gym stays parked, by design, for its controller
+   * to stop (a scheduler's grace period): resumed, its rollouts would run on. One the log names
+   * (this collection's earlier run, or the collection --new-collection abandons) is ours to let go:
+   * nobody else will. Any other published checkpoint's participants are parked only because its
+   * resume never reached them; an id not published (`not_found`) is a restore or an aborted checkpoint.
+   */
+  private async parkedForAnotherControllersStop(id: string): Promise<boolean> {
+    if (this.loggedCheckpoints.has(id)) return false;
+    return this.ownOps.resent("start-up get", id, () => this.options.controller.get(id)).then(
+      ({ manifest }) => manifest.stop,
+      (error: unknown) => {
+        if (error instanceof CheckpointError && error.code === "not_found") return false;
+        throw error;
+      },
+    );
   }
 
   // ---- checkpoints -----------------------------------------------------------------------

@@ -1343,6 +1343,57 @@ describe("collector", () => {
     expect(await collector.run()).toMatchObject({ finished: 1, failed: 0 });
   });
 
+  // A stop checkpoint is closed by its publish: status shows nothing open while its Gym stays parked
+  // for its controller to stop. Not one this collection's log knows: another controller's, whose
+  // scheduler's grace period is for stopping it; the resume would wake its rollouts up instead.
+  it("a start's retire refused by participants parked in another controller's published stop checkpoint: nothing resumed, the start fails with that refusal", async () => {
+    await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    const othersStop = "ckpt-20240101T000000-dddddddd";
+    const { controller, calls } = fakeController({
+      retire: async (req: never) => {
+        calls.push({ op: "retire", req });
+        throw new CheckpointError("invalid_phase", `retire failed on 1 participant(s): model/m1: invalid_phase; first details: model/m1: retire is refused while checkpoint ${othersStop} is open (committed); resume first`);
+      },
+      status: async () => ({ coordinator: { id: "c1", leader: true, ready: true, epoch: 1 }, checkpoint: null, participants: [{ kind: "model", instance: "m1", phase: "committed", checkpoint_id: othersStop }] }),
+      get: async (id: never) => ({ latest: true, manifest: { checkpoint_id: id, stop: true, controller_state: null } }),
+      resume: async (req: never) => {
+        calls.push({ op: "resume", req });
+        return { checkpoint_id: othersStop, participants: [] };
+      },
+    });
+    const url = await runServer(() => ({ status: 200, body: { reward: 1 } }));
+    await expect(collectorFor(controller, url).start()).rejects.toMatchObject({ code: "invalid_phase" });
+    expect(calls.filter((c) => c.op === "resume")).toEqual([]);
+  });
+
+  // Its own log's: the earlier run of this collection (or the collection --new-collection abandons)
+  // took it, and nobody else will let its Gym go.
+  it("a start's retire refused by participants parked in a published stop checkpoint the log names resumes it and retires again", async () => {
+    const log = await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [{ rollout_id: "a", attempt: 0 }]);
+    const ownStop = "ckpt-20240101T000000-eeeeeeee";
+    await log.recordCheckpoint(ownStop);
+    let parked = true;
+    const { controller, calls } = fakeController({
+      retire: async (req: never) => {
+        calls.push({ op: "retire", req });
+        if (parked) throw new CheckpointError("invalid_phase", `retire failed on 1 participant(s): model/m1: invalid_phase; first details: model/m1: retire is refused while checkpoint ${ownStop} is open (committed); resume first`);
+        return { participants: [] };
+      },
+      status: async () => ({ coordinator: { id: "c1", leader: true, ready: true, epoch: 1 }, checkpoint: null, participants: parked ? [{ kind: "model", instance: "m1", phase: "committed", checkpoint_id: ownStop }] : [] }),
+      get: async (id: never) => ({ latest: false, manifest: { checkpoint_id: id, stop: true, controller_state: null } }),
+      resume: async (req: never) => {
+        calls.push({ op: "resume", req });
+        if ((req as { checkpoint_id: string }).checkpoint_id === ownStop) parked = false;
+        return { checkpoint_id: ownStop, participants: [] };
+      },
+    });
+    const url = await runServer(() => ({ status: 200, body: { reward: 1 } }));
+    const collector = collectorFor(controller, url);
+    await collector.start();
+    expect(calls.filter((c) => c.op === "resume" || c.op === "retire").map((c) => `${c.op}:${String(c.req.checkpoint_id ?? "")}`)).toEqual(["retire:", `resume:${ownStop}`, "retire:"]);
+    expect(await collector.run()).toMatchObject({ finished: 1, failed: 0 });
+  });
+
   // "Nothing open" is the ready leader's word only: a follower (status over HTTP) or a leader still
   // recovering answers checkpoint null while another controller's checkpoint is open at the leader
   // (prepared between its steps: the coordinator itself refused the retire) or journaled for its
