@@ -341,7 +341,11 @@ export class GlobalManifestWriter {
       this.onCleanupError?.(error);
       return;
     }
-    await fsyncDirectory(this.catalog.root).catch(() => undefined); // best effort: the rename is done
+    // Best effort: the rename is done. Failing, nothing to retry (untakenBack would add nothing): the
+    // next checkpoint's staging fsyncs the root (one checkpoint is open at a time, so after this) and
+    // its publication fails unless that fsync succeeded, so the rename is durable before any later
+    // publication or retention scan. A crash before then can still bring checkpoint.json back.
+    await fsyncDirectory(this.catalog.root).catch(() => undefined);
   }
 
   /**
