@@ -55,6 +55,7 @@ export {
   describeZodError,
 } from "./errors.js";
 export type { ErrorCode, ErrorReply } from "./errors.js";
+export { ReadyzReadySchema, ReadyzRefusalSchema, type ReadyzReady, type ReadyzRefusal } from "./readyz.js";
 export {
   OPS,
   OpSchema,

@@ -11,6 +11,8 @@ import {
   refuseUnknownExpectations,
   toCheckpointError,
   type ControllerOp,
+  type ReadyzReady,
+  type ReadyzRefusal,
 } from "../../protocol/index.js";
 import { listenRefusal } from "../../protocol/listen-refusal.js";
 import type { CheckpointEngine } from "../engine/checkpoint-engine.js";
@@ -107,8 +109,15 @@ export class HttpControllerApi {
       // Ready = the engine serves controller ops: leader, past its first lease period, recovered.
       const other = this.options.leadership.leaderOfOtherVersion();
       const why = other === undefined ? "" : `: ${other}`;
-      if (this.stopping || !state.ready || !this.options.engine.recovered) return this.refuse(reply, new CheckpointError("not_leader", `this coordinator is not the ready leader${why}`));
-      return { ok: true, epoch: state.epoch };
+      // Both answers name this coordinator: behind a load balancer, a client watching an op counts
+      // only the refusals of the coordinator that took it, never a standby's.
+      if (this.stopping || !state.ready || !this.options.engine.recovered || state.epoch === null) {
+        const refusal = new CheckpointError("not_leader", `this coordinator is not the ready leader${why}`);
+        const body: ReadyzRefusal = { ...refusal.toReply(), coordinator_id: state.id, epoch: state.epoch };
+        return reply.code(refusal.status).header("content-type", "application/json").send(JSON.stringify(body));
+      }
+      const body: ReadyzReady = { ok: true, coordinator_id: state.id, epoch: state.epoch };
+      return body;
     });
     for (const op of CONTROLLER_OP_NAMES) {
       const { method, url } = httpRoute(op);

@@ -1,5 +1,5 @@
 import { z } from "zod";
-import { CONTROLLER_OPS, CheckpointIdSchema, ERROR_CATALOG, ErrorReplySchema, PROTOCOL_VERSION, controllerOpRefusals, type ControllerOp } from "../../protocol/index.js";
+import { CONTROLLER_OPS, CheckpointIdSchema, ERROR_CATALOG, ErrorReplySchema, PROTOCOL_VERSION, ReadyzReadySchema, ReadyzRefusalSchema, controllerOpRefusals, type ControllerOp } from "../../protocol/index.js";
 
 /** HTTP route of each controller op. */
 export function httpRoute(op: ControllerOp): { method: "GET" | "POST"; url: string } {
@@ -60,7 +60,8 @@ export function buildOpenApiDocument(): Record<string, unknown> {
     }
     paths[url] = { ...(paths[url] ?? {}), [method.toLowerCase()]: operation };
   }
-  // Bodies documented too: a client behind a load balancer compares readyz's epoch between polls.
+  // Bodies documented too: a client behind a load balancer compares readyz's epoch between polls,
+  // and counts only the refusals of the coordinator that took its op.
   const ok = { type: "boolean", const: true };
   const json = (schema: unknown) => ({ "application/json": { schema } });
   paths["/healthz"] = {
@@ -74,10 +75,10 @@ export function buildOpenApiDocument(): Record<string, unknown> {
       operationId: "readyz",
       responses: {
         "200": {
-          description: "This coordinator is the ready leader; epoch is its leadership term",
-          content: json({ type: "object", properties: { ok, epoch: { type: "integer", minimum: 0 } }, required: ["ok", "epoch"], additionalProperties: false }),
+          description: "This coordinator (coordinator_id) is the ready leader; epoch is its leadership term",
+          content: json(schemaOf(ReadyzReadySchema, "output")),
         },
-        "503": { description: "Refusal: not_leader", content: json({ $ref: "#/components/schemas/ErrorReply" }) },
+        "503": { description: "Refusal: not_leader, naming the coordinator that refused and the term it holds (null: none)", content: json(schemaOf(ReadyzRefusalSchema, "output")) },
       },
     },
   };

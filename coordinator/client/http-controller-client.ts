@@ -1,7 +1,7 @@
 import { constants } from "node:buffer";
 import { context, propagation } from "@opentelemetry/api";
 import { Agent, fetch } from "undici";
-import { CONTROLLER_OPS, CheckpointError, ErrorReplySchema, describeZodError, timerDelay, type ControllerOp, type CtlReplyOf, type CtlRequestInputOf, type CtlRequestOf } from "../../protocol/index.js";
+import { CONTROLLER_OPS, CheckpointError, ErrorReplySchema, ReadyzRefusalSchema, describeZodError, timerDelay, type ControllerOp, type CtlReplyOf, type CtlRequestInputOf, type CtlRequestOf } from "../../protocol/index.js";
 import { readCappedText } from "../../protocol/capped-body.js";
 import { UNTIMED_DISPATCHER } from "../../protocol/untimed-dispatcher.js";
 import { httpRoute } from "../api/openapi.js";
@@ -132,7 +132,7 @@ function routeUrl(baseUrl: string, route: string): URL {
 /** The controller API over HTTP/JSON (fetch). */
 export class HttpControllerClient extends ControllerClient {
   /** The last `/readyz` that answered ready, with when it was asked (monotonic ms): see watchReadiness. */
-  private lastReady: { epoch: unknown; askedAt: number } | undefined;
+  private lastReady: { leader: ReadyLeader; askedAt: number } | undefined;
 
   constructor(private readonly options: HttpControllerClientOptions) {
     super();
@@ -182,61 +182,75 @@ export class HttpControllerClient extends ControllerClient {
   }
 
   /**
-   * Until `answered` aborts, `lose`s the op (`outcome_unknown`) once the coordinator's `/readyz` fails READY_FAILURES
-   * times in a row (it stopped leading, or stopped answering: frozen, partitioned without a reset),
-   * or names another epoch than when the op was sent (behind a load balancer, another coordinator
-   * leads now). That epoch is read beside the op, or taken from a read sent at most
-   * LEASE_READ_REUSE_MS before it, as the NATS client reads the lease; one read failing then, the
-   * first answer later. The checks start beside the op (`first` now) or one period after it was sent.
-   * A `/readyz` whose connection is refused, or a proxy's 502/503 for it, is no failure (see
-   * STOPPING_WAIT_MS): the coordinator closed its listener to stop gracefully, and answers the op or
-   * exits, which drops the op's connection.
+   * Until `answered` aborts, `lose`s the op (`outcome_unknown`) once the coordinator that took it
+   * fails `/readyz` READY_FAILURES times in a row (it stopped leading, or stopped answering: frozen,
+   * partitioned without a reset), or `/readyz` names another epoch than when the op was sent (behind a
+   * load balancer, another coordinator leads now). The coordinator that took it is the ready leader
+   * as it was sent, its id and epoch read beside the op, or taken from a read sent at most
+   * LEASE_READ_REUSE_MS before it, as the NATS client reads the lease; one read failing or refused
+   * then, the first ready answer later. The checks start beside the op (`first` now) or one period
+   * after it was sent. A refusal naming another coordinator (a standby behind the same balancer), or
+   * naming one while the op's is not known yet, says nothing about the op: neither a failure nor a
+   * success, the op's own deadline bounds the wait. A refusal naming none (a coordinator before ids
+   * were named) counts as the op's coordinator's. A `/readyz` whose connection is refused, or a
+   * proxy's 502/503 for it, is no failure (see STOPPING_WAIT_MS): the coordinator closed its listener
+   * to stop gracefully, and answers the op or exits, which drops the op's connection.
    */
   private watchReadiness(answered: AbortSignal, lose: (error: CheckpointError) => void, first: "now" | "later"): void {
     let failures = 0;
     const sentAt = performance.now();
     const kept = this.lastReady && sentAt - this.lastReady.askedAt < LEASE_READ_REUSE_MS ? this.lastReady : undefined;
-    let epoch: unknown = kept?.epoch;
+    let took: ReadyLeader | undefined = kept?.leader;
     let unreachableSince: number | undefined;
     const lost = (why: string) => new CheckpointError("outcome_unknown", `the coordinator at ${this.options.baseUrl} ${why} before it answered; retry the op to learn its outcome`);
     const everyMs = this.options.readyCheckMs ?? 5_000;
-    const readyz = async () => {
+    const readyz = async (): Promise<ReadyzAnswer> => {
       const askedAt = performance.now();
       // Given up with the wait too (the op's reply came): left open, it would hold its socket, and a
       // CLI process that has its answer, until it timed out.
-      const ready = await fetch(routeUrl(this.options.baseUrl, "/readyz"), { signal: AbortSignal.any([AbortSignal.timeout(everyMs), answered]), redirect: "manual", dispatcher: UNTIMED_DISPATCHER })
-        .then(async (response) => {
-          if (response.status === 200) return JSON.parse(await readCappedText(response, MAX_READYZ_REPLY_BYTES, "/readyz")) as { epoch?: unknown } | null;
+      const answer = await fetch(routeUrl(this.options.baseUrl, "/readyz"), { signal: AbortSignal.any([AbortSignal.timeout(everyMs), answered]), redirect: "manual", dispatcher: UNTIMED_DISPATCHER })
+        .then(async (response): Promise<ReadyzAnswer> => {
+          if (response.status === 200) return readyAnswer(JSON.parse(await readCappedText(response, MAX_READYZ_REPLY_BYTES, "/readyz")));
           // Read up to the cap (a proxy's 503 may be endless), to tell the API's own refusal from a proxy's.
           if (UNREACHABLE_VIA_GATEWAY.has(response.status)) {
             const text = await readCappedText(response, MAX_READYZ_REPLY_BYTES, "/readyz").catch(() => "");
-            return isRefusal(text) ? undefined : ("unreachable" as const);
+            return readyzRefusal(text) ?? "unreachable";
           }
           // Any other refusal's body is not read at all (cancelled, closing the connection).
           await response.body?.cancel().catch(() => undefined);
           return undefined;
         })
         .catch((error: unknown) => (neverSentCode(error) === "ECONNREFUSED" ? ("unreachable" as const) : undefined));
-      if (ready && ready !== "unreachable") this.lastReady = { epoch: ready.epoch, askedAt };
-      return ready;
+      const leader = readyLeaderOf(answer);
+      if (leader) this.lastReady = { leader, askedAt };
+      return answer;
     };
     // Who led as the op was sent: the first check when it is asked now. Not a check itself (one
     // period later, as before, is the first that can fail the op): a `status` a follower answers
     // is refused by its /readyz all along.
-    const asSent = kept || first === "now" ? undefined : readyz().then((ready) => void (ready && ready !== "unreachable" && (epoch ??= ready.epoch)));
+    const asSent = kept || first === "now" ? undefined : readyz().then((answer) => void (took ??= readyLeaderOf(answer)));
     const check = async () => {
       await asSent;
-      const ready = await readyz();
-      if (ready === "unreachable") {
+      const answer = await readyz();
+      if (answer === "unreachable") {
         unreachableSince ??= performance.now();
         failures = 0;
         return performance.now() - unreachableSince >= STOPPING_WAIT_MS ? lost(`was unreachable (refused connections, or a proxy could not reach it) for ${Math.round(STOPPING_WAIT_MS / 1000)} s, longer than any stop takes,`) : undefined;
       }
       unreachableSince = undefined;
-      if (ready && epoch !== undefined && ready.epoch !== epoch) return lost(`changed leader (epoch ${String(epoch)}, now ${String(ready.epoch)})`);
-      if (ready) epoch ??= ready.epoch;
-      failures = ready ? 0 : failures + 1;
-      return failures >= READY_FAILURES ? lost("stopped being the ready leader") : undefined;
+      const leader = readyLeaderOf(answer);
+      if (leader) {
+        if (took !== undefined && leader.epoch !== took.epoch) return lost(`changed leader (epoch ${String(took.epoch)}, now ${String(leader.epoch)})`);
+        took ??= leader;
+        failures = 0;
+        return undefined;
+      }
+      // Another coordinator's refusal, or one while the op's is unknown: no word on the op's.
+      const refusedBy = answer?.ready === false ? answer.refusedBy : undefined;
+      if (refusedBy !== undefined && refusedBy !== took?.id) return undefined;
+      failures += 1;
+      const who = took?.id === undefined ? "" : ` (coordinator ${took.id})`;
+      return failures >= READY_FAILURES ? lost(`stopped being the ready leader${who}`) : undefined;
     };
     void pollUntil(check, everyMs, answered, first).then(lose);
   }
@@ -347,4 +361,40 @@ function isRefusal(text: string): boolean {
   } catch {
     return false;
   }
+}
+
+/** The ready leader a `/readyz` 200 names: its id (undefined from a coordinator before ids were named) and epoch. */
+interface ReadyLeader {
+  id: string | undefined;
+  epoch: unknown;
+}
+
+/**
+ * A `/readyz` answer: ready (naming the leader), the API's refusal (naming the coordinator that
+ * refused, when it does), a stop in progress ("unreachable", see STOPPING_WAIT_MS), or none
+ * (undefined: no answer in time, another status, a body past the cap).
+ */
+type ReadyzAnswer = { ready: true; leader: ReadyLeader } | { ready: false; refusedBy: string | undefined } | "unreachable" | undefined;
+
+/** The leader a ready answer names; undefined for any other answer. */
+function readyLeaderOf(answer: ReadyzAnswer): ReadyLeader | undefined {
+  return typeof answer === "object" && answer.ready ? answer.leader : undefined;
+}
+
+/** A 200's body, read leniently: an older coordinator's names no id, a stand-in's maybe no epoch either. `null` is no answer. */
+function readyAnswer(body: unknown): ReadyzAnswer {
+  if (body === null) return undefined;
+  const fields = (typeof body === "object" ? body : {}) as { coordinator_id?: unknown; epoch?: unknown };
+  return { ready: true, leader: { id: typeof fields.coordinator_id === "string" ? fields.coordinator_id : undefined, epoch: fields.epoch } };
+}
+
+/** The API's own `/readyz` refusal (naming the coordinator, or, from an older one, not), undefined for a proxy's body. */
+function readyzRefusal(text: string): ReadyzAnswer {
+  try {
+    const parsed = ReadyzRefusalSchema.safeParse(JSON.parse(text));
+    if (parsed.success) return { ready: false, refusedBy: parsed.data.coordinator_id };
+  } catch {
+    return undefined;
+  }
+  return isRefusal(text) ? { ready: false, refusedBy: undefined } : undefined;
 }

@@ -166,6 +166,45 @@ describe("HTTP controller client", () => {
     expect(settled).toMatchObject({ code: "outcome_unknown", message: expect.stringContaining("changed leader (epoch 7, now 9)") });
   });
 
+  // Behind a load balancer in front of several coordinators, a standby's /readyz refusal was counted
+  // as the op's coordinator having stopped leading: two in a row ended an op the leader still ran.
+  it("only the /readyz refusals of the coordinator that took the op end its wait, not a standby's behind the same address", async () => {
+    let answering: "leader" | "standby" | "leader refuses" = "leader";
+    let checks = 0;
+    const refusal = (id: string) => JSON.stringify({ error: { code: "not_leader", detail: "not ready" }, coordinator_id: id, epoch: null });
+    const url = await listen((req, res) => {
+      if (req.url !== "/readyz") return; // the op: never answered
+      const ready = answering === "leader";
+      const body = ready ? JSON.stringify({ ok: true, coordinator_id: "coord-a", epoch: 3 }) : refusal(answering === "standby" ? "coord-b" : "coord-a");
+      res.writeHead(ready ? 200 : 503, { "content-type": "application/json" }).end(body, () => (checks += 1));
+    });
+    const client = new HttpControllerClient({ baseUrl: url, token: "t", readyCheckMs: 200 });
+    let settled: unknown = "pending";
+    void client.checkpoint({ checkpoint_id: "lb1", episode_ids: [] }).then(
+      (reply) => (settled = reply),
+      (error: unknown) => (settled = error),
+    );
+    await waitUntil(() => checks >= 2, "the leader to answer the check beside the op");
+    answering = "standby";
+    const before = checks;
+    await waitUntil(() => checks >= before + 5, "five checks answered by the standby's refusal");
+    expect(settled).toBe("pending");
+    answering = "leader refuses";
+    await waitUntil(() => settled !== "pending", "the op to end once its own coordinator refuses", 10_000);
+    expect(settled).toMatchObject({ code: "outcome_unknown", message: expect.stringContaining("stopped being the ready leader (coordinator coord-a)") });
+  });
+
+  // Refusals naming a coordinator before any check named the op's say nothing about it: the op's own
+  // deadline bounds the wait (a balancer keeping the client's checks on a standby's connection).
+  it("refusals naming a coordinator while the op's is not known yet leave the op to its deadline", async () => {
+    const url = await listen((req, res) => {
+      if (req.url !== "/readyz") return; // the op: never answered
+      res.writeHead(503, { "content-type": "application/json" }).end(JSON.stringify({ error: { code: "not_leader", detail: "standby" }, coordinator_id: "coord-b", epoch: null }));
+    });
+    const client = new HttpControllerClient({ baseUrl: url, token: "t", readyCheckMs: 100, slackMs: 500 });
+    await expect(client.commit({ checkpoint_id: "lb2", episode_ids: [], deadline_ts: Date.now() / 1000 + 1.5 })).rejects.toMatchObject({ code: "outcome_unknown", message: expect.stringContaining("no reply from /v1/commit") });
+  });
+
   // The epoch an op was compared against was the first /readyz answer during its wait, asked one
   // period after sending: a failover completed by then (a short lease_ms) gave the successor's
   // epoch, so the op sent to the frozen predecessor waited out its deadline plus slack.

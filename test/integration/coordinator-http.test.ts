@@ -46,6 +46,7 @@ describe("HTTP controller API (real HTTP client)", () => {
     expect((await fetch(`${base}/healthz`)).status).toBe(200);
     const ready = await fetch(`${base}/readyz`);
     expect(ready.status).toBe(200);
+    expect(await ready.json()).toEqual({ ok: true, coordinator_id: expect.any(String), epoch: expect.any(Number) });
     const doc = (await (await fetch(`${base}/openapi.json`)).json()) as { openapi: string; paths: Record<string, Record<string, any>> };
     expect(doc.openapi).toBe("3.1.0");
     for (const op of ["checkpoint", "prepare", "commit", "publish", "resume", "restore", "retire", "forget"]) expect(doc.paths[`/v1/${op}`]?.post).toBeDefined();
@@ -136,8 +137,11 @@ describe("HTTP controller API (real HTTP client)", () => {
       const validate = schemaOf(path, String(response.status));
       expect([path, validate(await response.json()), validate.errors]).toEqual([path, true, null]);
     }
-    // A 503 is the catalog refusal not_leader.
-    expect(schemaOf("/readyz", "503")({ error: { code: "not_leader", detail: "x" } })).toBe(true);
+    // A 503 is the catalog refusal not_leader naming the coordinator that refused (a client behind a
+    // balancer counts only the refusals of the one that took its op), and the term it holds.
+    expect(schemaOf("/readyz", "503")({ error: { code: "not_leader", detail: "x" }, coordinator_id: "coord-b", epoch: null })).toBe(true);
+    expect(schemaOf("/readyz", "503")({ error: { code: "not_leader", detail: "x" } })).toBe(false);
+    expect(schemaOf("/readyz", "200")({ ok: true, epoch: 1 })).toBe(false);
   });
 
   it("reports a URL clients can use for any host it listens on: an IPv6 literal in brackets (http.host ::1)", async () => {

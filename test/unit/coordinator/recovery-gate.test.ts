@@ -97,7 +97,8 @@ describe("controller ops wait for recovery (the daemon's engine)", () => {
     expect(leadership.state().ready).toBe(true);
     const ready = await fetch(`${base}/readyz`);
     expect(ready.status).toBe(503);
-    expect(((await ready.json()) as { error: { code: string } }).error.code).toBe("not_leader");
+    // The refusal names the coordinator that refused and the term it holds (a client behind a balancer compares the id).
+    expect(await ready.json()).toMatchObject({ error: { code: "not_leader" }, coordinator_id: leadership.state().id, epoch: leadership.state().epoch });
     const prepare = () => fetch(`${base}/v1/prepare`, { method: "POST", headers: { authorization: "Bearer t" }, body: JSON.stringify({ checkpoint_id: "h1" }) });
     expect((await prepare()).status).toBe(503);
     await engine.recover();
