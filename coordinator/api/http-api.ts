@@ -5,14 +5,15 @@ import type { Logger } from "pino";
 import {
   CONTROLLER_OP_NAMES,
   CheckpointError,
+  HEADER_COORDINATOR_EPOCH,
+  HEADER_COORDINATOR_ID,
   MAX_CHECKPOINT_ID_CHARS,
   MAX_CONTROL_MESSAGE_BYTES,
+  formatCoordinatorIdHeader,
   refuseMalformedHttpRequest,
   refuseUnknownExpectations,
   toCheckpointError,
   type ControllerOp,
-  type ReadyzReady,
-  type ReadyzRefusal,
 } from "../../protocol/index.js";
 import { listenRefusal } from "../../protocol/listen-refusal.js";
 import type { CheckpointEngine } from "../engine/checkpoint-engine.js";
@@ -109,15 +110,13 @@ export class HttpControllerApi {
       // Ready = the engine serves controller ops: leader, past its first lease period, recovered.
       const other = this.options.leadership.leaderOfOtherVersion();
       const why = other === undefined ? "" : `: ${other}`;
-      // Both answers name this coordinator: behind a load balancer, a client watching an op counts
-      // only the refusals of the coordinator that took it, never a standby's.
-      if (this.stopping || !state.ready || !this.options.engine.recovered || state.epoch === null) {
-        const refusal = new CheckpointError("not_leader", `this coordinator is not the ready leader${why}`);
-        const body: ReadyzRefusal = { ...refusal.toReply(), coordinator_id: state.id, epoch: state.epoch };
-        return reply.code(refusal.status).header("content-type", "application/json").send(JSON.stringify(body));
-      }
-      const body: ReadyzReady = { ok: true, coordinator_id: state.id, epoch: state.epoch };
-      return body;
+      // Both answers name this coordinator, in headers (the bodies are as they were, for clients that
+      // read them strictly): behind a load balancer, a client watching an op counts only the refusals
+      // of the coordinator that took it, never a standby's.
+      reply.header(HEADER_COORDINATOR_ID, formatCoordinatorIdHeader(state.id));
+      if (state.epoch !== null) reply.header(HEADER_COORDINATOR_EPOCH, String(state.epoch));
+      if (this.stopping || !state.ready || !this.options.engine.recovered) return this.refuse(reply, new CheckpointError("not_leader", `this coordinator is not the ready leader${why}`));
+      return { ok: true, epoch: state.epoch };
     });
     for (const op of CONTROLLER_OP_NAMES) {
       const { method, url } = httpRoute(op);

@@ -1,5 +1,5 @@
 import { z } from "zod";
-import { CONTROLLER_OPS, CheckpointIdSchema, ERROR_CATALOG, ErrorReplySchema, PROTOCOL_VERSION, ReadyzReadySchema, ReadyzRefusalSchema, controllerOpRefusals, type ControllerOp } from "../../protocol/index.js";
+import { CONTROLLER_OPS, CheckpointIdSchema, ERROR_CATALOG, ErrorReplySchema, HEADER_COORDINATOR_EPOCH, HEADER_COORDINATOR_ID, PROTOCOL_VERSION, controllerOpRefusals, type ControllerOp } from "../../protocol/index.js";
 
 /** HTTP route of each controller op. */
 export function httpRoute(op: ControllerOp): { method: "GET" | "POST"; url: string } {
@@ -60,8 +60,9 @@ export function buildOpenApiDocument(): Record<string, unknown> {
     }
     paths[url] = { ...(paths[url] ?? {}), [method.toLowerCase()]: operation };
   }
-  // Bodies documented too: a client behind a load balancer compares readyz's epoch between polls,
-  // and counts only the refusals of the coordinator that took its op.
+  // Bodies documented too: a client behind a load balancer compares readyz's epoch between polls;
+  // and the headers naming the coordinator that answered: it counts only the refusals of the one
+  // that took its op.
   const ok = { type: "boolean", const: true };
   const json = (schema: unknown) => ({ "application/json": { schema } });
   paths["/healthz"] = {
@@ -70,15 +71,25 @@ export function buildOpenApiDocument(): Record<string, unknown> {
       responses: { "200": { description: "The process is up", content: json({ type: "object", properties: { ok }, required: ["ok"], additionalProperties: false }) } },
     },
   };
+  const term = { type: "string", pattern: "^[0-9]+$" };
+  const answeredBy = (epochRequired: boolean) => ({
+    [HEADER_COORDINATOR_ID]: { description: "The coordinator that answered (its coordinator_id, percent-encoded as encodeURIComponent does)", required: true, schema: { type: "string", minLength: 1 } },
+    [HEADER_COORDINATOR_EPOCH]: {
+      description: epochRequired ? "Its leadership term, as the body's epoch" : "The leadership term it holds while not ready yet; absent while it holds none",
+      required: epochRequired,
+      schema: term,
+    },
+  });
   paths["/readyz"] = {
     get: {
       operationId: "readyz",
       responses: {
         "200": {
-          description: "This coordinator (coordinator_id) is the ready leader; epoch is its leadership term",
-          content: json(schemaOf(ReadyzReadySchema, "output")),
+          description: "This coordinator is the ready leader; epoch is its leadership term",
+          headers: answeredBy(true),
+          content: json({ type: "object", properties: { ok, epoch: { type: "integer", minimum: 0 } }, required: ["ok", "epoch"], additionalProperties: false }),
         },
-        "503": { description: "Refusal: not_leader, naming the coordinator that refused and the term it holds (null: none)", content: json(schemaOf(ReadyzRefusalSchema, "output")) },
+        "503": { description: "Refusal: not_leader", headers: answeredBy(false), content: json({ $ref: "#/components/schemas/ErrorReply" }) },
       },
     },
   };

@@ -1,7 +1,7 @@
 import { constants } from "node:buffer";
 import { context, propagation } from "@opentelemetry/api";
 import { Agent, fetch } from "undici";
-import { CONTROLLER_OPS, CheckpointError, ErrorReplySchema, ReadyzRefusalSchema, describeZodError, timerDelay, type ControllerOp, type CtlReplyOf, type CtlRequestInputOf, type CtlRequestOf } from "../../protocol/index.js";
+import { CONTROLLER_OPS, CheckpointError, ErrorReplySchema, HEADER_COORDINATOR_ID, describeZodError, parseCoordinatorIdHeader, timerDelay, type ControllerOp, type CtlReplyOf, type CtlRequestInputOf, type CtlRequestOf } from "../../protocol/index.js";
 import { readCappedText } from "../../protocol/capped-body.js";
 import { UNTIMED_DISPATCHER } from "../../protocol/untimed-dispatcher.js";
 import { httpRoute } from "../api/openapi.js";
@@ -186,15 +186,16 @@ export class HttpControllerClient extends ControllerClient {
    * fails `/readyz` READY_FAILURES times in a row (it stopped leading, or stopped answering: frozen,
    * partitioned without a reset), or `/readyz` names another epoch than when the op was sent (behind a
    * load balancer, another coordinator leads now). The coordinator that took it is the ready leader
-   * as it was sent, its id and epoch read beside the op, or taken from a read sent at most
-   * LEASE_READ_REUSE_MS before it, as the NATS client reads the lease; one read failing or refused
-   * then, the first ready answer later. The checks start beside the op (`first` now) or one period
-   * after it was sent. A refusal naming another coordinator (a standby behind the same balancer), or
-   * naming one while the op's is not known yet, says nothing about the op: neither a failure nor a
-   * success, the op's own deadline bounds the wait. A refusal naming none (a coordinator before ids
-   * were named) counts as the op's coordinator's. A `/readyz` whose connection is refused, or a
-   * proxy's 502/503 for it, is no failure (see STOPPING_WAIT_MS): the coordinator closed its listener
-   * to stop gracefully, and answers the op or exits, which drops the op's connection.
+   * as it was sent, its id (the HEADER_COORDINATOR_ID of a `/readyz` answer) and epoch read beside
+   * the op, or taken from a read sent at most LEASE_READ_REUSE_MS before it, as the NATS client
+   * reads the lease; one read failing or refused then, the first ready answer later. The checks
+   * start beside the op (`first` now) or one period after it was sent. A refusal naming another
+   * coordinator (a standby behind the same balancer), or naming one while the op's is not known yet,
+   * says nothing about the op: neither a failure nor a success, the op's own deadline bounds the
+   * wait. A refusal naming none (a coordinator before that header) counts as the op's coordinator's.
+   * A `/readyz` whose connection is refused, or a proxy's 502/503 for it, is no failure (see
+   * STOPPING_WAIT_MS): the coordinator closed its listener to stop gracefully, and answers the op or
+   * exits, which drops the op's connection.
    */
   private watchReadiness(answered: AbortSignal, lose: (error: CheckpointError) => void, first: "now" | "later"): void {
     let failures = 0;
@@ -210,11 +211,13 @@ export class HttpControllerClient extends ControllerClient {
       // CLI process that has its answer, until it timed out.
       const answer = await fetch(routeUrl(this.options.baseUrl, "/readyz"), { signal: AbortSignal.any([AbortSignal.timeout(everyMs), answered]), redirect: "manual", dispatcher: UNTIMED_DISPATCHER })
         .then(async (response): Promise<ReadyzAnswer> => {
-          if (response.status === 200) return readyAnswer(JSON.parse(await readCappedText(response, MAX_READYZ_REPLY_BYTES, "/readyz")));
+          // The coordinator that answered is named in a header (absent from a coordinator before it).
+          const answeredBy = parseCoordinatorIdHeader(response.headers.get(HEADER_COORDINATOR_ID));
+          if (response.status === 200) return readyAnswer(JSON.parse(await readCappedText(response, MAX_READYZ_REPLY_BYTES, "/readyz")), answeredBy);
           // Read up to the cap (a proxy's 503 may be endless), to tell the API's own refusal from a proxy's.
           if (UNREACHABLE_VIA_GATEWAY.has(response.status)) {
             const text = await readCappedText(response, MAX_READYZ_REPLY_BYTES, "/readyz").catch(() => "");
-            return readyzRefusal(text) ?? "unreachable";
+            return isRefusal(text) ? { ready: false, refusedBy: answeredBy } : "unreachable";
           }
           // Any other refusal's body is not read at all (cancelled, closing the connection).
           await response.body?.cancel().catch(() => undefined);
@@ -363,7 +366,7 @@ function isRefusal(text: string): boolean {
   }
 }
 
-/** The ready leader a `/readyz` 200 names: its id (undefined from a coordinator before ids were named) and epoch. */
+/** The ready leader a `/readyz` 200 names: its id (header; undefined from a coordinator before it) and epoch (body). */
 interface ReadyLeader {
   id: string | undefined;
   epoch: unknown;
@@ -381,20 +384,9 @@ function readyLeaderOf(answer: ReadyzAnswer): ReadyLeader | undefined {
   return typeof answer === "object" && answer.ready ? answer.leader : undefined;
 }
 
-/** A 200's body, read leniently: an older coordinator's names no id, a stand-in's maybe no epoch either. `null` is no answer. */
-function readyAnswer(body: unknown): ReadyzAnswer {
+/** A 200's body, read leniently (a stand-in's may name no epoch), and the coordinator its header names. `null` is no answer. */
+function readyAnswer(body: unknown, id: string | undefined): ReadyzAnswer {
   if (body === null) return undefined;
-  const fields = (typeof body === "object" ? body : {}) as { coordinator_id?: unknown; epoch?: unknown };
-  return { ready: true, leader: { id: typeof fields.coordinator_id === "string" ? fields.coordinator_id : undefined, epoch: fields.epoch } };
-}
-
-/** The API's own `/readyz` refusal (naming the coordinator, or, from an older one, not), undefined for a proxy's body. */
-function readyzRefusal(text: string): ReadyzAnswer {
-  try {
-    const parsed = ReadyzRefusalSchema.safeParse(JSON.parse(text));
-    if (parsed.success) return { ready: false, refusedBy: parsed.data.coordinator_id };
-  } catch {
-    return undefined;
-  }
-  return isRefusal(text) ? { ready: false, refusedBy: undefined } : undefined;
+  const fields = (typeof body === "object" ? body : {}) as { epoch?: unknown };
+  return { ready: true, leader: { id, epoch: fields.epoch } };
 }

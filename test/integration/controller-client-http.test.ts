@@ -2,6 +2,7 @@ import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { afterEach, describe, expect, it } from "vitest";
 import { HttpControllerClient } from "../../coordinator/client/http-controller-client.js";
+import { HEADER_COORDINATOR_EPOCH, HEADER_COORDINATOR_ID } from "../../protocol/index.js";
 import { waitUntil } from "../support/wait-until.js";
 import { outcomeAcrossWallStepBack } from "../support/wall-clock-step.js";
 
@@ -171,12 +172,13 @@ describe("HTTP controller client", () => {
   it("only the /readyz refusals of the coordinator that took the op end its wait, not a standby's behind the same address", async () => {
     let answering: "leader" | "standby" | "leader refuses" = "leader";
     let checks = 0;
-    const refusal = (id: string) => JSON.stringify({ error: { code: "not_leader", detail: "not ready" }, coordinator_id: id, epoch: null });
+    // The bodies are a coordinator's as ever (an older client reads them strictly); headers name who answered.
     const url = await listen((req, res) => {
       if (req.url !== "/readyz") return; // the op: never answered
       const ready = answering === "leader";
-      const body = ready ? JSON.stringify({ ok: true, coordinator_id: "coord-a", epoch: 3 }) : refusal(answering === "standby" ? "coord-b" : "coord-a");
-      res.writeHead(ready ? 200 : 503, { "content-type": "application/json" }).end(body, () => (checks += 1));
+      const body = ready ? JSON.stringify({ ok: true, epoch: 3 }) : NOT_LEADER;
+      const id = answering === "standby" ? "coord-b" : "coord-a";
+      res.writeHead(ready ? 200 : 503, { "content-type": "application/json", [HEADER_COORDINATOR_ID]: id, ...(ready ? { [HEADER_COORDINATOR_EPOCH]: "3" } : {}) }).end(body, () => (checks += 1));
     });
     const client = new HttpControllerClient({ baseUrl: url, token: "t", readyCheckMs: 200 });
     let settled: unknown = "pending";
@@ -199,7 +201,7 @@ describe("HTTP controller client", () => {
   it("refusals naming a coordinator while the op's is not known yet leave the op to its deadline", async () => {
     const url = await listen((req, res) => {
       if (req.url !== "/readyz") return; // the op: never answered
-      res.writeHead(503, { "content-type": "application/json" }).end(JSON.stringify({ error: { code: "not_leader", detail: "standby" }, coordinator_id: "coord-b", epoch: null }));
+      res.writeHead(503, { "content-type": "application/json", [HEADER_COORDINATOR_ID]: "coord-b" }).end(NOT_LEADER);
     });
     const client = new HttpControllerClient({ baseUrl: url, token: "t", readyCheckMs: 100, slackMs: 500 });
     await expect(client.commit({ checkpoint_id: "lb2", episode_ids: [], deadline_ts: Date.now() / 1000 + 1.5 })).rejects.toMatchObject({ code: "outcome_unknown", message: expect.stringContaining("no reply from /v1/commit") });

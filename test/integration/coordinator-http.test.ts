@@ -10,6 +10,8 @@ import {
   CheckpointError,
   CtlStatusReplySchema,
   ErrorReplySchema,
+  HEADER_COORDINATOR_EPOCH,
+  HEADER_COORDINATOR_ID,
   MAX_ATTEMPT,
   MAX_CHECKPOINT_ID_CHARS,
   MAX_DEADLINE_AHEAD_S,
@@ -46,7 +48,9 @@ describe("HTTP controller API (real HTTP client)", () => {
     expect((await fetch(`${base}/healthz`)).status).toBe(200);
     const ready = await fetch(`${base}/readyz`);
     expect(ready.status).toBe(200);
-    expect(await ready.json()).toEqual({ ok: true, coordinator_id: expect.any(String), epoch: expect.any(Number) });
+    // The body is as it was before the coordinator was named (older clients read it strictly); the headers name it.
+    expect(await ready.json()).toEqual({ ok: true, epoch: expect.any(Number) });
+    expect([ready.headers.get(HEADER_COORDINATOR_ID), ready.headers.get(HEADER_COORDINATOR_EPOCH)]).toEqual([expect.stringMatching(/.+/), expect.stringMatching(/^[0-9]+$/)]);
     const doc = (await (await fetch(`${base}/openapi.json`)).json()) as { openapi: string; paths: Record<string, Record<string, any>> };
     expect(doc.openapi).toBe("3.1.0");
     for (const op of ["checkpoint", "prepare", "commit", "publish", "resume", "restore", "retire", "forget"]) expect(doc.paths[`/v1/${op}`]?.post).toBeDefined();
@@ -123,7 +127,7 @@ describe("HTTP controller API (real HTTP client)", () => {
     expect(await post("/v1/prepare", JSON.stringify(tooFar))).toMatchObject({ status: 400, body: { error: { code: "invalid_request" } } });
   });
 
-  it("documents the bodies of /healthz and /readyz, which the replies match (a client compares readyz's epoch)", async () => {
+  it("documents the bodies of /healthz and /readyz and the headers of /readyz, which the replies match (a client compares readyz's epoch)", async () => {
     const doc = (await (await fetch(`${base}/openapi.json`)).json()) as { paths: Record<string, Record<string, any>>; components: { schemas: Record<string, object> } };
     const ajv = new Ajv2020({ strict: true, allErrors: true });
     const schemaOf = (path: string, status: string) => {
@@ -137,11 +141,25 @@ describe("HTTP controller API (real HTTP client)", () => {
       const validate = schemaOf(path, String(response.status));
       expect([path, validate(await response.json()), validate.errors]).toEqual([path, true, null]);
     }
-    // A 503 is the catalog refusal not_leader naming the coordinator that refused (a client behind a
-    // balancer counts only the refusals of the one that took its op), and the term it holds.
-    expect(schemaOf("/readyz", "503")({ error: { code: "not_leader", detail: "x" }, coordinator_id: "coord-b", epoch: null })).toBe(true);
-    expect(schemaOf("/readyz", "503")({ error: { code: "not_leader", detail: "x" } })).toBe(false);
-    expect(schemaOf("/readyz", "200")({ ok: true, epoch: 1 })).toBe(false);
+    // The bodies are as before the coordinator was named: a 503 is the bare catalog refusal not_leader
+    // (an older HttpControllerClient tells it from a proxy's 503 by that exact shape), a 200 ok and epoch.
+    expect(schemaOf("/readyz", "503")({ error: { code: "not_leader", detail: "x" } })).toBe(true);
+    expect(schemaOf("/readyz", "503")({ error: { code: "not_leader", detail: "x" }, coordinator_id: "coord-b", epoch: null })).toBe(false);
+    expect(schemaOf("/readyz", "200")({ ok: true, epoch: 1 })).toBe(true);
+    expect(schemaOf("/readyz", "200")({ ok: true, coordinator_id: "coord-a", epoch: 1 })).toBe(false);
+    // Who answered is in headers, documented on both (a client behind a balancer counts only the
+    // refusals of the coordinator that took its op), and the ready answer's headers match them.
+    const documented = (status: string) => doc.paths["/readyz"]!.get.responses[status].headers as Record<string, { required: boolean; schema: object }>;
+    expect(Object.fromEntries(["200", "503"].map((status) => [status, Object.fromEntries(Object.entries(documented(status)).map(([name, header]) => [name, header.required]))]))).toEqual({
+      "200": { [HEADER_COORDINATOR_ID]: true, [HEADER_COORDINATOR_EPOCH]: true },
+      "503": { [HEADER_COORDINATOR_ID]: true, [HEADER_COORDINATOR_EPOCH]: false },
+    });
+    const ready = await fetch(`${base}/readyz`);
+    expect(ready.status).toBe(200);
+    for (const [name, header] of Object.entries(documented("200"))) {
+      const validate = ajv.compile(header.schema);
+      expect([name, validate(ready.headers.get(name)), validate.errors]).toEqual([name, true, null]);
+    }
   });
 
   it("reports a URL clients can use for any host it listens on: an IPv6 literal in brackets (http.host ::1)", async () => {

@@ -1,5 +1,6 @@
 import { afterEach, expect, it } from "vitest";
 import { HttpControllerClient } from "../../coordinator/client/http-controller-client.js";
+import { HEADER_COORDINATOR_EPOCH, HEADER_COORDINATOR_ID } from "../../protocol/index.js";
 import { startHttpGateway, type HttpGateway } from "../support/http-gateway.js";
 import { waitUntil } from "../support/wait-until.js";
 import { CONTROLLER_TOKEN, startWorld, type World } from "./coordinator-harness.js";
@@ -26,10 +27,14 @@ it("a standby's /readyz refusal through the balancer does not end an op under wa
   const leader = await world.startCoordinator({ coordinator_id: "coord-a", default_timeout_ms: 20_000 });
   await leader.whenReady();
   const standbys = [await world.startCoordinator({ coordinator_id: "coord-b" }), await world.startCoordinator({ coordinator_id: "coord-c" })];
-  // Each /readyz names the coordinator that answers it, ready or not.
-  expect(await (await fetch(`${leader.httpUrl!}/readyz`)).json()).toEqual({ ok: true, coordinator_id: "coord-a", epoch: expect.any(Number) });
-  const standby = await fetch(`${standbys[0]!.httpUrl!}/readyz`);
-  expect([standby.status, await standby.json()]).toEqual([503, { error: { code: "not_leader", detail: expect.any(String) }, coordinator_id: "coord-b", epoch: null }]);
+  // Each /readyz names the coordinator that answers it, ready or not, in headers; the bodies are as
+  // before (an older client reads them strictly).
+  const answer = async (url: string) => {
+    const response = await fetch(`${url}/readyz`);
+    return [response.status, response.headers.get(HEADER_COORDINATOR_ID), response.headers.get(HEADER_COORDINATOR_EPOCH), await response.json()];
+  };
+  expect(await answer(leader.httpUrl!)).toEqual([200, "coord-a", expect.stringMatching(/^[0-9]+$/), { ok: true, epoch: expect.any(Number) }]);
+  expect(await answer(standbys[0]!.httpUrl!)).toEqual([503, "coord-b", null, { error: { code: "not_leader", detail: expect.any(String) } }]);
   gateway = await startHttpGateway([leader.httpUrl!, ...standbys.map((s) => s.httpUrl!)]);
   // Held at prepare by a blocker until the test clears it.
   world.participant("policy").adapter.setBlockers(["c1"]);

@@ -3,6 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { HttpControllerApi } from "../../../coordinator/api/http-api.js";
+import { HEADER_COORDINATOR_EPOCH, HEADER_COORDINATOR_ID } from "../../../protocol/index.js";
 import { journalEmptied, journalEntry, makeEngine, writers } from "./fake-participants.js";
 import { refusalOf } from "../../support/refusal.js";
 
@@ -88,6 +89,8 @@ describe("controller ops wait for recovery (the daemon's engine)", () => {
     const ready = await fetch(`${base}/readyz`);
     expect(ready.status).toBe(503);
     expect(((await ready.json()) as { error: { code: string; detail: string } }).error).toMatchObject({ code: "not_leader", detail: expect.stringContaining(other) });
+    // A follower holds no term: its refusal names it, without an epoch header.
+    expect([ready.headers.get(HEADER_COORDINATOR_ID), ready.headers.get(HEADER_COORDINATOR_EPOCH)]).toEqual([leadership.state().id, null]);
   });
 
   it("HTTP: /readyz and the ops answer not_leader while the lease is ready but recovery has not run", async () => {
@@ -97,8 +100,10 @@ describe("controller ops wait for recovery (the daemon's engine)", () => {
     expect(leadership.state().ready).toBe(true);
     const ready = await fetch(`${base}/readyz`);
     expect(ready.status).toBe(503);
-    // The refusal names the coordinator that refused and the term it holds (a client behind a balancer compares the id).
-    expect(await ready.json()).toMatchObject({ error: { code: "not_leader" }, coordinator_id: leadership.state().id, epoch: leadership.state().epoch });
+    // The bare catalog refusal (older clients read it strictly); headers name the coordinator that
+    // refused and the term it holds (a client behind a balancer compares the id).
+    expect(await ready.json()).toEqual({ error: { code: "not_leader", detail: expect.any(String) } });
+    expect([ready.headers.get(HEADER_COORDINATOR_ID), ready.headers.get(HEADER_COORDINATOR_EPOCH)]).toEqual([leadership.state().id, String(leadership.state().epoch)]);
     const prepare = () => fetch(`${base}/v1/prepare`, { method: "POST", headers: { authorization: "Bearer t" }, body: JSON.stringify({ checkpoint_id: "h1" }) });
     expect((await prepare()).status).toBe(503);
     await engine.recover();

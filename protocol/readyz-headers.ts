@@ -1,0 +1,28 @@
+/**
+ * The coordinator that answered a `/readyz`, ready (200) or not (503): behind a load balancer in
+ * front of several, a client watching an op tells the one that took it (whose refusal ends the op's
+ * wait) from a standby (whose refusal says nothing about the op). Headers, not body fields, so the
+ * bodies stay as they were and clients that read them strictly (an `HttpControllerClient` from before
+ * these headers tells the API's refusal from a proxy's by its exact `{"error":…}` shape) are unaffected.
+ */
+export const HEADER_COORDINATOR_ID = "Gym-Coordinator-Id";
+/** The leadership term the answering coordinator holds: on every 200, on a 503 only while it holds one. */
+export const HEADER_COORDINATOR_EPOCH = "Gym-Coordinator-Epoch";
+
+/**
+ * The id header's value: percent-encoded as `encodeURIComponent` does, since a configured
+ * `coordinator_id` may hold characters no header value can (non-ASCII, control characters).
+ */
+export function formatCoordinatorIdHeader(id: string): string {
+  return encodeURIComponent(id);
+}
+
+/** The id a header value names, or undefined (absent: a coordinator before the header; or not decodable). */
+export function parseCoordinatorIdHeader(value: string | null | undefined): string | undefined {
+  if (!value) return undefined;
+  try {
+    return decodeURIComponent(value);
+  } catch {
+    return undefined;
+  }
+}
