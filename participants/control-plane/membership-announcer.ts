@@ -39,9 +39,10 @@ const PROBE_TIMEOUT_MS = 2_000;
 export const BEAT_REQUEST_MIN_TIMEOUT_MS = 1_000;
 
 /**
- * How long `stop()` tries to delete the entry. With NATS down its request waited out the
- * JetStream timeout (5 s), the whole of the Gym launcher's grace before SIGKILL; the entry then
- * expires with the bucket's TTL, as it would have anyway.
+ * How long `stop()` tries to delete the entry, and how long each of its requests waits (none
+ * outlives it). With NATS down its request waited out the JetStream timeout (5 s), the whole of
+ * the Gym launcher's grace before SIGKILL; the entry then expires with the bucket's TTL, as it
+ * would have anyway.
  */
 export const STOP_DELETE_WAIT_MS = 1_000;
 
@@ -333,6 +334,11 @@ export class MembershipAnnouncer {
         ? (this.jsm ??= await jetstreamManager(this.nc))
         : // No account-info request first: the beat needs none.
           (this.beatJsm ??= await jetstreamManager(this.nc, { timeout, checkAPI: false }));
+    return this.readLeaderEntry(jsm);
+  }
+
+  /** `readEntryAtLeader()` through `jsm` (its request waits that manager's timeout). */
+  private async readLeaderEntry(jsm: JetStreamManager): Promise<{ revision: number; held: Member | undefined }> {
     const bucket = membersBucket(this.deployment);
     const entry = await jsm.streams.getMessage(`KV_${bucket}`, { last_by_subj: `$KV.${bucket}.${this.key}` });
     if (!entry) return { revision: 0, held: undefined };
@@ -363,9 +369,12 @@ export class MembershipAnnouncer {
   }
 
   private async deleteOwnEntry(): Promise<void> {
-    // A failed beat dropped the handle (for the next beat to create the bucket again): re-open it,
-    // never create it, to remove the entry that beat may have left.
-    const kv = this.kv ?? (await new Kvm(this.nc).open(membersBucket(this.deployment)).catch(() => undefined));
+    // Its requests wait no longer than stop() waits for them: the bucket handle's (nats.js' 5 s, or
+    // a beat's timeout) outlived stop(), and kv.delete() takes no timeout of its own. A handle of
+    // its own also covers a failed beat's dropped one; bound without a request (no account info),
+    // never creating the bucket.
+    const js = jetstream(this.nc, { timeout: STOP_DELETE_WAIT_MS, checkAPI: false });
+    const kv = await new Kvm(js).open(membersBucket(this.deployment)).catch(() => undefined);
     if (!kv) return;
     for (let tries = 0; tries < 3; tries++) {
       try {
@@ -375,7 +384,7 @@ export class MembershipAnnouncer {
         if (!isWrongRevision(error)) return;
       }
       // A heartbeat in flight landed first (a new revision): delete the entry if it is still ours.
-      const entry = await this.readEntryAtLeader().catch(() => undefined);
+      const entry = await this.readLeaderEntry(await js.jetstreamManager()).catch(() => undefined);
       if (entry?.held?.incarnation !== this.member.incarnation) return;
       this.revision = entry.revision;
     }

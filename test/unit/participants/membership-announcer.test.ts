@@ -19,6 +19,8 @@ const kvm = vi.hoisted(() => ({
   peakInFlight: 0,
   /** The timeout of each write that went unanswered. */
   hungTimeouts: [] as number[],
+  /** The timeout of each delete that went unanswered. */
+  hungDeleteTimeouts: [] as number[],
   /** When (fake time) each write landed. */
   landedAt: [] as number[],
   /** The next write is refused as a compare-and-set on a stale revision. */
@@ -48,6 +50,13 @@ vi.mock("@nats-io/kv", () => ({
     async create() {
       if (kvm.outage) await unanswered(this.timeout);
       kvm.creates += 1;
+      return this.handle();
+    }
+    /** Binds to the bucket: no request (the announcer's JetStream context checks no API first). */
+    async open() {
+      return this.handle();
+    }
+    private handle() {
       let revision = 0;
       const write = async (key: string, _value: string, opts: { timeout?: number }) => {
         const timeout = opts.timeout ?? this.timeout;
@@ -76,18 +85,25 @@ vi.mock("@nats-io/kv", () => ({
       // create()'s and update()'s requests as nats.js sends them (create takes no timeout).
       const create = (key: string, value: string) => write(key, value, {});
       const update = (key: string, value: string, _revision: number, timeout?: number) => write(key, value, { timeout });
-      return { get, put: write, create, update, delete: async () => undefined };
+      // kv.delete() takes no timeout: its JetStream context's.
+      const remove = async () => {
+        if (kvm.outage) {
+          kvm.hungDeleteTimeouts.push(this.timeout);
+          await unanswered(this.timeout);
+        }
+      };
+      return { get, put: write, create, update, delete: remove };
     }
   },
 }));
-vi.mock("@nats-io/jetstream", () => ({
-  jetstream: (_nc: unknown, opts: { timeout?: number }) => ({ timeout: opts.timeout }),
-  jetstreamManager: async () => ({
+vi.mock("@nats-io/jetstream", () => {
+  const jetstreamManager = async () => ({
     streams: {
       getMessage: async () => (kvm.leaderEntry ? { seq: kvm.leaderEntry.seq, header: undefined, json: () => member(kvm.leaderEntry!.incarnation, kvm.leaderEntry!.at) } : null),
     },
-  }),
-}));
+  });
+  return { jetstream: (_nc: unknown, opts: { timeout?: number }) => ({ timeout: opts.timeout, jetstreamManager }), jetstreamManager };
+});
 const member = (incarnation: string, at?: number) => ({ kind: "environment", instance: "env0", incarnation, started_at: at ?? 1, heartbeat_at: at ?? 2, protocol_version: 1 });
 
 const { NoRespondersError } = await import("@nats-io/transport-node");
@@ -96,7 +112,7 @@ const noResponders = {
   requestMany: async (subject: string) => Promise.reject(new NoRespondersError(subject)),
   status: () => ({ async *[Symbol.asyncIterator]() {} }),
 } as never;
-const { BEAT_REQUEST_MIN_TIMEOUT_MS, MembershipAnnouncer } = await import("../../../participants/control-plane/membership-announcer.js");
+const { BEAT_REQUEST_MIN_TIMEOUT_MS, MembershipAnnouncer, STOP_DELETE_WAIT_MS } = await import("../../../participants/control-plane/membership-announcer.js");
 const { MEMBER_HEARTBEAT_MS, MEMBER_TTL_MS } = await import("../../../protocol/index.js");
 /** Whether `promise` settled by the time it is read (advanceTimersByTimeAsync flushes microtasks). */
 const watch = (promise: Promise<unknown>) => {
@@ -107,7 +123,7 @@ const watch = (promise: Promise<unknown>) => {
 
 afterEach(() => {
   vi.useRealTimers();
-  Object.assign(kvm, { creates: 0, puts: [], landedAt: [], failNextPut: false, failPuts: 0, hangPuts: 0, outage: false, inFlight: 0, peakInFlight: 0, hungTimeouts: [], wrongRevisionNext: false, replicaEntry: null, leaderEntry: null });
+  Object.assign(kvm, { creates: 0, puts: [], landedAt: [], failNextPut: false, failPuts: 0, hangPuts: 0, outage: false, inFlight: 0, peakInFlight: 0, hungTimeouts: [], hungDeleteTimeouts: [], wrongRevisionNext: false, replicaEntry: null, leaderEntry: null });
 });
 
 describe("membership heartbeat", () => {
@@ -227,6 +243,33 @@ describe("a put NATS is slow to answer (a slow JetStream, a reconnect)", () => {
     expect(kvm.creates).toBe(1);
     expect(lines.filter((l) => l.msg.startsWith("membership heartbeat failed"))).toEqual([]);
     await announcer.stop();
+  });
+});
+
+describe("stop() with NATS unreachable", () => {
+  // stop() waits STOP_DELETE_WAIT_MS for its delete of the entry, but the delete went through the
+  // bucket handle, whose requests wait nats.js' 5 s (or a beat's timeout, when a beat re-created
+  // the bucket): the request outlived stop(), into the Gym launcher's grace before SIGKILL.
+  it("its delete waits STOP_DELETE_WAIT_MS, no longer than stop() waits for it", async () => {
+    vi.useFakeTimers();
+    // The start-up's bucket handle (nats.js' default timeout), and one a beat re-created (its 2 s).
+    for (const recreatedByBeat of [false, true]) {
+      const announcer = new MembershipAnnouncer(noResponders, "dep", "environment", "env0", `inc-${recreatedByBeat}`, undefined, 2_000);
+      await announcer.start();
+      if (recreatedByBeat) {
+        kvm.failNextPut = true;
+        await vi.advanceTimersByTimeAsync(2 * 2_000);
+        expect(kvm.creates).toBe(3);
+      }
+      kvm.outage = true;
+      const stopped = watch(announcer.stop());
+      await vi.advanceTimersByTimeAsync(STOP_DELETE_WAIT_MS);
+      expect(stopped.settled).toBe(true);
+      expect(kvm.inFlight, `handle re-created by a beat: ${recreatedByBeat}`).toBe(0);
+      expect(kvm.hungDeleteTimeouts).toEqual([STOP_DELETE_WAIT_MS]);
+      kvm.outage = false;
+      kvm.hungDeleteTimeouts = [];
+    }
   });
 });
 
