@@ -120,14 +120,14 @@ describe("HTTP API stop: an op running on a kept-alive connection", () => {
 });
 
 /** The responses in `received`, in order: status line and body (each has a Content-Length). */
-function responses(received: string): { status: string; body: string }[] {
-  const out: { status: string; body: string }[] = [];
+function responses(received: string): { status: string; head: string; body: string }[] {
+  const out: { status: string; head: string; body: string }[] = [];
   let rest = received;
   for (let i = 0; i < 10 && rest.includes("\r\n\r\n"); i++) {
     const end = rest.indexOf("\r\n\r\n");
     const head = rest.slice(0, end);
     const length = Number(/\r\ncontent-length: *(\d+)/i.exec(head)?.[1] ?? 0);
-    out.push({ status: head.split("\r\n")[0]!, body: rest.slice(end + 4, end + 4 + length) });
+    out.push({ status: head.split("\r\n")[0]!, head, body: rest.slice(end + 4, end + 4 + length) });
     rest = rest.slice(end + 4 + length);
   }
   return out;
@@ -184,6 +184,11 @@ describe("HTTP API stop: a request that arrives during the stop", () => {
         expect(refusal.status).toBe("HTTP/1.1 503 Service Unavailable");
         expect(JSON.parse(refusal.body)).toMatchObject({ error: { code: "not_leader" } });
       }
+      // Refused by its route, not before it: named as every /readyz answer is, so a client behind a
+      // balancer counts a stopping standby's refusal as that standby's, not as its op's coordinator's.
+      const { id, epoch } = leadership.state();
+      expect(readyz!.head.toLowerCase()).toContain(`\r\ngym-coordinator-id: ${id}\r\n`);
+      expect(readyz!.head.toLowerCase()).toContain(`\r\ngym-coordinator-epoch: ${String(epoch)}\r\n`);
       expect(healthz!.body).toBe('{"ok":true}');
       expect(listed).toBe(0);
       expect(await Promise.race([stopping.then(() => "stopped"), stillStopping()])).toBe("stopped");
