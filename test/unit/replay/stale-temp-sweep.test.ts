@@ -1,7 +1,7 @@
 import { readdirSync } from "node:fs";
 import { mkdir, readdir, utimes, writeFile } from "node:fs/promises";
 import path from "node:path";
-import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { RecordWriter, writeRolloutRecords, writeStepRecords } from "../../../participants/replay/index.js";
 import { writeJsonLines } from "../../../participants/replay/out-file.js";
 import { isTempNameOf, tempNameTarget, writeFileAtomic } from "../../../participants/storage/fs-durable.js";
@@ -17,7 +17,10 @@ import { linearTrace, tempDir, traceId } from "./fixtures.js";
 let dir: string;
 let cleanup: () => Promise<void>;
 beforeEach(async () => ({ dir, cleanup } = await tempDir()));
-afterEach(() => cleanup());
+afterEach(async () => {
+  vi.useRealTimers();
+  await cleanup();
+});
 
 /** A file at `file`, last modified `ageMs` ago. */
 async function leftover(file: string, ageMs: number): Promise<void> {
@@ -86,5 +89,32 @@ describe("stale temp files", () => {
     expect((await readdir(dir)).filter((n) => n.startsWith(".")).sort()).toEqual([cutOld, `.other.jsonl.99.${HEX}.tmp`, `.seeds.jsonl.98.${HEX}.tmp`].sort());
     await writeJsonLines(path.join(dir, long), [{ a: 1 }]);
     expect((await readdir(dir)).filter((n) => n.startsWith(".")).sort()).toEqual([`.other.jsonl.99.${HEX}.tmp`, `.seeds.jsonl.98.${HEX}.tmp`].sort());
+  });
+
+  it("with this host's clock an hour ahead of the directory's (NFS: the server's), a live writer's temp stays and a stale one goes", async () => {
+    // Age was judged by this process's Date.now() against mtimes the file server set: a host whose
+    // clock ran ahead by more than STALE_TEMP_AGE_MS removed another host's live temp file.
+    const stepDir = path.join(dir, "step_1");
+    await mkdir(stepDir);
+    const live = `.train_rollouts_math.jsonl.4243.${HEX}.tmp`;
+    await leftover(path.join(stepDir, live), 1_000);
+    await leftover(path.join(stepDir, `.train_rollouts_gsm8k.jsonl.4242.${HEX}.tmp`), OLD);
+    await leftover(path.join(dir, `.seeds.jsonl.98.${HEX}.tmp`), 1_000); // a live export's
+    await leftover(path.join(dir, `.seeds.jsonl.99.${HEX}.tmp`), OLD);
+    vi.useFakeTimers({ toFake: ["Date"] }); // this process's clock only
+    vi.setSystemTime(Date.now() + 3_600_000);
+    await writeStepRecords(dir, 1, [{ kind: "train", env: "gsm8k", traces: [linearTrace(traceId(1))] }]);
+    await writeJsonLines(path.join(dir, "seeds.jsonl"), [{ a: 1 }]);
+    expect((await readdir(stepDir)).filter((n) => n.startsWith("."))).toEqual([live]);
+    expect((await readdir(dir)).filter((n) => n.startsWith("."))).toEqual([`.seeds.jsonl.98.${HEX}.tmp`]);
+  });
+
+  it("a clock probe a crash left (between its create and remove) goes with the next sweep once a minute old", async () => {
+    const stepDir = path.join(dir, "step_1");
+    await mkdir(stepDir);
+    await leftover(path.join(stepDir, `.clock-probe.999999999.${HEX}`), 120_000);
+    await leftover(path.join(stepDir, `.clock-probe.999999998.${HEX}`), 1_000); // a sweep running now
+    await writeStepRecords(dir, 1, [{ kind: "train", env: "gsm8k", traces: [linearTrace(traceId(1))] }]);
+    expect((await readdir(stepDir)).filter((n) => n.startsWith("."))).toEqual([`.clock-probe.999999998.${HEX}`]);
   });
 });

@@ -1,0 +1,40 @@
+import { randomBytes } from "node:crypto";
+import { constants } from "node:fs";
+import { open, unlink } from "node:fs/promises";
+import { join } from "node:path";
+
+/**
+ * "Now" as the filesystem holding `dir` keeps time, in mtime milliseconds; undefined where it cannot
+ * be told. A seam for tests.
+ */
+export type DirectoryClock = (dir: string) => Promise<number | undefined>;
+
+/**
+ * Reads the time off a probe file made in `dir` (`.clock-probe.<pid>.<12 hex>`, created exclusively,
+ * never through a symlink), then removes it. A sweep judging a file's age by its mtime must compare
+ * it with this, not this process's Date.now(): on a directory shared over NFS mtimes are the file
+ * server's clock (or the writing host's), and a host whose clock runs ahead would take a live
+ * writer's file for a stale one. Undefined when no probe can be made there (a directory this process
+ * may only read): nothing can be judged stale then. A probe a crash left is removed by the probe
+ * sweep (stale-probe-files.ts), whose names it shares.
+ */
+export const filesystemClock: DirectoryClock = async (dir) => {
+  const path = join(dir, `.clock-probe.${process.pid}.${randomBytes(6).toString("hex")}`);
+  const handle = await open(path, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | (constants.O_NOFOLLOW ?? 0), 0o600).catch(() => undefined);
+  if (handle === undefined) return undefined;
+  try {
+    const { mtimeMs } = await handle.stat();
+    return Number.isFinite(mtimeMs) && mtimeMs > 0 ? mtimeMs : undefined;
+  } catch {
+    return undefined;
+  } finally {
+    await handle.close().catch(() => undefined);
+    await unlink(path).catch(() => undefined);
+  }
+};
+
+/** `clock` read at most once (and only if asked): one probe file per sweep, however many rules it applies. */
+export function readOnce(clock: DirectoryClock): DirectoryClock {
+  let now: Promise<number | undefined> | undefined;
+  return (dir) => (now ??= clock(dir));
+}
