@@ -750,6 +750,10 @@ export class CheckpointEngine {
       const unresumed = this.open?.phase === "published" && this.open.id === id ? this.open : undefined;
       if (this.open && !unresumed) throw new CheckpointError("invalid_phase", `checkpoint ${this.open.id} is open (${this.open.phase}); resume it before a restore`);
       if (!id) throw new CheckpointError("not_found", "nothing was published yet (no LATEST)");
+      // Aborted, its checkpoint.json not taken back yet (its entry kept for that, which a restore's would overwrite).
+      if (this.options.writer.untakenBackOf(id)) {
+        throw new CheckpointError("not_found", `checkpoint ${id} was aborted, not published: the storage refused the removal of its checkpoint.json, which is retried before the next retention`);
+      }
       const manifest = await this.committedManifests(id);
       const dir = this.options.catalog.dirFor(id);
       // Only fresh processes restore it: one still parked in it (its controller never resumed it, or
@@ -1235,6 +1239,14 @@ export class CheckpointEngine {
       case "open":
       case "published":
         if (entry.state === "published" && this.options.catalog.has(open.id)) return this.recoverPublished(open, statuses, log);
+        // Undecided, yet a checkpoint.json (which only a decision's publication writes): an aborted
+        // publication's its leader could not take back. Taken back before its close removes the
+        // entry, or it would be listed, restorable and counted by retention as published; failing
+        // that, the close keeps the entry (untakenBackOf) and this writer's next retain retries.
+        if (entry.state === "open" && (this.options.catalog.has(open.id) || this.options.writer.untakenBackOf(open.id))) {
+          const takenBack = await this.options.writer.takeBackAborted(open.id);
+          log.warn({ state: entry.state, taken_back: takenBack }, "recovery_aborted_checkpoint_json_taken_back");
+        }
         log.info({ state: entry.state }, "recovery_resume");
         await this.doResume(open.id, deadlineMs, undefined).catch((error: unknown) => log.warn({ err: error }, "recovery_resume_failed"));
         return "resumed";
@@ -2636,7 +2648,13 @@ export class CheckpointEngine {
     const writes = this.journalWrites.get(id);
     const term = this.leaderTerm;
     return (afterLatest ? this.options.writer.durable() : Promise.resolve()).then(
-      () => this.removeEntry(id, writes, term, outcome),
+      () => {
+        // An aborted publication's checkpoint.json that could not be taken back: the entry (undecided)
+        // stays, so whoever recovers next takes it back (the writer's memory of it ends with this term).
+        if (!this.options.writer.untakenBackOf(id)) return this.removeEntry(id, writes, term, outcome);
+        this.log.error({ checkpoint_id: id }, "checkpoint_json_not_taken_back_journal_entry_kept");
+        return this.entryKept(id, writes);
+      },
       (error: unknown) => {
         this.log.error({ checkpoint_id: id, err: error }, "latest_fsync_failed_journal_entry_kept");
         return this.entryKept(id, writes);

@@ -22,7 +22,8 @@ import { latestEntries } from "../membership/kv-latest-entries.js";
 
 /**
  * The durable record of one checkpoint the coordinator is driving, keyed by checkpoint id:
- *   open       prepare was sent; recovery resumes everyone (presumed abort)
+ *   open       prepare was sent; recovery resumes everyone (presumed abort), after taking back a
+ *              checkpoint.json its directory holds (an aborted publication's its leader could not)
  *   decided    the commit decision; recovery re-drives commit (idempotent), then completes
  *   published  (accepted for completeness) a decided entry whose checkpoint.json exists is treated
  *              the same way, so publication needs no journal write: recovery sends no resume; it
@@ -40,7 +41,8 @@ import { latestEntries } from "../membership/kv-latest-entries.js";
  *              member restarted): recovery finishes it, retiring attempt+1 at `retire_at` and then
  *              resuming everyone; never re-driven (a participant's retire keeps its restore reply,
  *              so a re-sent restore would look restored where attempt+1 was already retired)
- * The entry is removed once everyone was resumed; a restore's removal records how it settled
+ * The entry is removed once everyone was resumed (an aborted one's once its checkpoint.json is
+ * taken back: kept `open` until then); a restore's removal records how it settled
  * (RestoreOutcomeRecordSchema), for a leader of a later term answering its resume retried.
  */
 export const JournalEntrySchema = z

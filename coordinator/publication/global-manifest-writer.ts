@@ -213,6 +213,7 @@ export class GlobalManifestWriter {
     const stagings = [...this.staged.values()].map((staging) => staging.latest);
     this.staged.clear();
     // A successor may complete one whose decision stayed journaled: its checkpoint.json is its own now.
+    // One whose decision was withdrawn kept its entry (undecided): the successor's recovery takes it back.
     this.untakenBack.clear();
     // Their directories are the successor's now, as are the staged ones'.
     this.publicationFailed.clear();
@@ -324,28 +325,61 @@ export class GlobalManifestWriter {
    * that reaches the disk brings the file back. Its removal (or that fsync) failing too, the whole
    * checkpoint directory goes to the trash retention sweeps: one rename at the root, atomic, so at
    * no point (a crash included) is there a half-removed checkpoint; its partial files would be
-   * retention's to delete anyway. That failing as well, it is retried before the next retention scan.
+   * retention's to delete anyway. That failing as well, it is retried before the next retention scan,
+   * and the engine keeps the checkpoint's journal entry (untakenBackOf) for a successor to take it back.
    */
-  private async takeBack(checkpointId: string, manifestPath: string): Promise<void> {
+  private async takeBack(checkpointId: string, manifestPath: string): Promise<boolean> {
     try {
       await rm(manifestPath, { force: true });
       await fsyncDirectory(dirname(manifestPath));
-      return;
+      this.untakenBack.delete(checkpointId);
+      return true;
     } catch {
       // The directory instead, below.
     }
     try {
       trashCheckpointDir(this.catalog.root, checkpointId);
+      this.untakenBack.delete(checkpointId);
     } catch (error) {
+      // Also kept by the engine: the checkpoint's journal entry stays (undecided) while this id is
+      // listed here (untakenBackOf), so a successor's recovery takes it back (takeBackAborted).
       this.untakenBack.add(checkpointId);
       this.onCleanupError?.(error);
-      return;
+      return false;
     }
     // Best effort: the rename is done. Failing, nothing to retry (untakenBack would add nothing): the
     // next checkpoint's staging fsyncs the root (one checkpoint is open at a time, so after this) and
     // its publication fails unless that fsync succeeded, so the rename is durable before any later
     // publication or retention scan. A crash before then can still bring checkpoint.json back.
     await fsyncDirectory(this.catalog.root).catch(() => undefined);
+    return true;
+  }
+
+  /**
+   * Whether the checkpoint.json of aborted checkpoint `checkpointId` could not be taken back (see
+   * takeBack) and this writer has not managed it since (retain retries it): its journal entry must
+   * stay, undecided, for whoever recovers next (this list goes with the leadership).
+   */
+  untakenBackOf(checkpointId: string): boolean {
+    return this.untakenBack.has(checkpointId);
+  }
+
+  /**
+   * Recovery of an undecided checkpoint (its journal entry `open`) whose directory holds a
+   * checkpoint.json: never a legitimate one, as publication comes only after the decision, so it is
+   * an aborted publication's its leader could not take back (or died before it did). Taken back as
+   * the publication does (the file, else the whole directory to the trash); resolves false if
+   * neither could be done, the id then kept for this writer's next retain (and the entry by the engine).
+   */
+  async takeBackAborted(checkpointId: string): Promise<boolean> {
+    const manifestPath = join(this.catalog.dirFor(checkpointId), GLOBAL_MANIFEST_FILE);
+    let present = true;
+    try {
+      present = lstatSync(manifestPath, { throwIfNoEntry: false }) !== undefined;
+    } catch {
+      // Unreadable (EIO, EACCES): taken back below if the storage lets us, else kept.
+    }
+    return present ? this.takeBack(checkpointId, manifestPath) : true;
   }
 
   /**

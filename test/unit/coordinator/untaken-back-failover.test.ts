@@ -1,0 +1,147 @@
+import { existsSync } from "node:fs";
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import { toCheckpointError } from "../../../protocol/index.js";
+import { makeEngine, writers } from "./fake-participants.js";
+
+/**
+ * A checkpoint op whose checkpoint.json was renamed into place but whose directory's fsync failed,
+ * and which could neither remove that checkpoint.json nor rename its directory away (three storage
+ * failures), is aborted with that file left on disk; then leadership moves. Before the fix the
+ * journal entry went at the abort's close and the writer's in-memory list of ids to take back was
+ * emptied by the lost leadership: the successor listed the aborted checkpoint as published and
+ * restorable by id, and its retention counted it among the newest N, deleting an older checkpoint
+ * that was truly published in its place.
+ */
+const faults = vi.hoisted(() => ({ on: false, dir: "" }));
+const eio = (what: string) => Object.assign(new Error(`EIO: i/o error, ${what}`), { code: "EIO", errno: -5, syscall: what.split(" ")[0] });
+vi.mock("../../../coordinator/publication/durable-fs.js", async (importOriginal) => {
+  const actual = await importOriginal<typeof import("../../../coordinator/publication/durable-fs.js")>();
+  return {
+    ...actual,
+    // checkpoint.json renamed into place, then its directory's fsync fails.
+    replaceSmallFileDurably: async (...args: Parameters<typeof actual.replaceSmallFileDurably>) => {
+      await actual.replaceSmallFileDurably(...args);
+      if (faults.on && String(args[0]).endsWith("checkpoint.json")) throw eio(`fsync '${faults.dir}'`);
+    },
+  };
+});
+vi.mock("node:fs/promises", async (importOriginal) => {
+  const real = await importOriginal<typeof import("node:fs/promises")>();
+  const rm = (async (...args: Parameters<typeof real.rm>) => {
+    if (faults.on && String(args[0]) === join(faults.dir, "checkpoint.json")) throw eio(`unlink '${String(args[0])}'`);
+    return real.rm(...args);
+  }) as typeof real.rm;
+  return { ...real, default: { ...real, rm }, rm };
+});
+vi.mock("node:fs", async (importOriginal) => {
+  const real = await importOriginal<typeof import("node:fs")>();
+  const renameSync = ((from: string, to: string) => {
+    if (faults.on && String(from) === faults.dir) throw eio(`rename '${from}'`);
+    return real.renameSync(from, to);
+  }) as typeof real.renameSync;
+  return { ...real, default: { ...real, renameSync }, renameSync };
+});
+
+let root: string;
+beforeEach(async () => {
+  faults.on = false;
+  root = await mkdtemp(join(tmpdir(), "gym-ckpt-untaken-back-failover-"));
+});
+afterEach(async () => {
+  faults.on = false;
+  await Promise.all(writers.splice(0).map((w) => w.settled()));
+  await rm(root, { recursive: true, force: true });
+});
+
+describe("an aborted checkpoint whose checkpoint.json could not be taken back, then a failover", () => {
+  it("is taken back by the successor's recovery: not listed, not restorable, not counted by retention", async () => {
+    const first = makeEngine(root, { retention: 2 });
+    await first.engine.checkpoint({ checkpoint_id: "ok1", episode_ids: null, stop: false, controller_state: null });
+    await first.engine.checkpoint({ checkpoint_id: "ok2", episode_ids: null, stop: false, controller_state: null });
+    faults.dir = join(root, "c3");
+    faults.on = true;
+    const refusal = await first.engine.checkpoint({ checkpoint_id: "c3", episode_ids: null, stop: false, controller_state: null }).then(
+      () => undefined,
+      (error: unknown) => toCheckpointError(error),
+    );
+    expect(refusal?.code).toBe("storage_error");
+    await first.writer.settled();
+    // Every way of taking it back failed: the file is still there.
+    expect(existsSync(join(root, "c3", "checkpoint.json"))).toBe(true);
+    faults.on = false;
+    // The failover: the writer's memory of c3 goes with the leadership.
+    first.engine.leadershipLost();
+    first.leadership.demote();
+    await first.writer.settled();
+
+    const second = makeEngine(root, { successorOf: { fake: first.fake, journal: first.journal, clock: first.clock }, epoch: 8, requireRecovery: true, retention: 2 });
+    await second.engine.recover();
+    await second.writer.settled();
+    expect(existsSync(join(root, "c3", "checkpoint.json"))).toBe(false);
+    expect(first.journal.entries.has("c3")).toBe(false);
+    expect((await second.engine.list()).checkpoints.map((c) => c.checkpoint_id)).not.toContain("c3");
+    const restore = await second.engine.restore({ checkpoint_id: "c3", episode_ids: [{ rollout_id: "r1", attempt: 0 }] }).then(
+      () => undefined,
+      (error: unknown) => toCheckpointError(error),
+    );
+    expect(restore?.code).toBe("not_found");
+
+    // Retention keeps LATEST and the newest two published: ok4 and ok2, never the aborted c3 in ok2's place.
+    await second.engine.checkpoint({ checkpoint_id: "ok4", episode_ids: null, stop: false, controller_state: null });
+    await second.writer.settled();
+    expect(existsSync(join(root, "ok2", "checkpoint.json"))).toBe(true);
+    expect(existsSync(join(root, "ok1"))).toBe(false);
+    // What its participants committed went with it, as any partial checkpoint's.
+    expect(existsSync(join(root, "c3"))).toBe(false);
+  });
+
+  it("keeps the entry while the successor cannot take it back either; its retain and the next recovery finish it", async () => {
+    const first = makeEngine(root, { retention: 2 });
+    await first.engine.checkpoint({ checkpoint_id: "ok1", episode_ids: null, stop: false, controller_state: null });
+    await first.engine.checkpoint({ checkpoint_id: "ok2", episode_ids: null, stop: false, controller_state: null });
+    faults.dir = join(root, "c3");
+    faults.on = true;
+    const refusal = await first.engine.checkpoint({ checkpoint_id: "c3", episode_ids: null, stop: false, controller_state: null }).then(
+      () => undefined,
+      (error: unknown) => toCheckpointError(error),
+    );
+    expect(refusal?.code).toBe("storage_error");
+    first.engine.leadershipLost();
+    first.leadership.demote();
+    await first.writer.settled();
+    expect(first.journal.entries.get("c3")?.state).toBe("open");
+
+    // The storage still refuses: the successor's recovery cannot take it back, and keeps the entry.
+    const second = makeEngine(root, { successorOf: { fake: first.fake, journal: first.journal, clock: first.clock }, epoch: 8, requireRecovery: true, retention: 2 });
+    await second.engine.recover();
+    await second.writer.settled();
+    expect(existsSync(join(root, "c3", "checkpoint.json"))).toBe(true);
+    expect(first.journal.entries.get("c3")?.state).toBe("open");
+    // Not restorable meanwhile (a restore's entry would replace the one kept to take it back).
+    const restore = await second.engine.restore({ checkpoint_id: "c3", episode_ids: [{ rollout_id: "r1", attempt: 0 }] }).then(
+      () => undefined,
+      (error: unknown) => toCheckpointError(error),
+    );
+    expect(restore?.code).toBe("not_found");
+    expect(first.journal.entries.get("c3")?.state).toBe("open");
+
+    // Once it answers, the successor's next retention takes it back before it counts the newest.
+    faults.on = false;
+    await second.engine.checkpoint({ checkpoint_id: "ok4", episode_ids: null, stop: false, controller_state: null });
+    await second.writer.settled();
+    expect(existsSync(join(root, "c3", "checkpoint.json"))).toBe(false);
+    expect(existsSync(join(root, "ok2", "checkpoint.json"))).toBe(true);
+    expect((await second.engine.list()).checkpoints.map((c) => c.checkpoint_id)).not.toContain("c3");
+
+    // The entry goes at the next recovery, which finds nothing left to take back.
+    second.engine.leadershipLost();
+    second.leadership.demote();
+    const third = makeEngine(root, { successorOf: { fake: first.fake, journal: first.journal, clock: first.clock }, epoch: 9, requireRecovery: true, retention: 2 });
+    expect(await third.engine.recover()).toContainEqual({ checkpoint_id: "c3", action: "resumed" });
+    await third.writer.settled();
+    expect(first.journal.entries.has("c3")).toBe(false);
+  });
+});
