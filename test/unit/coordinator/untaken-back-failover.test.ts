@@ -1,4 +1,4 @@
-import { existsSync } from "node:fs";
+import { existsSync, readFileSync, writeFileSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -143,5 +143,28 @@ describe("an aborted checkpoint whose checkpoint.json could not be taken back, t
     expect(await third.engine.recover()).toContainEqual({ checkpoint_id: "c3", action: "resumed" });
     await third.writer.settled();
     expect(first.journal.entries.has("c3")).toBe(false);
+  });
+
+  it("is taken back by recovery when its leader died after withdrawing the decision, before taking it back", async () => {
+    const first = makeEngine(root, { retention: 2 });
+    await first.engine.checkpoint({ checkpoint_id: "ok1", episode_ids: null, stop: false, controller_state: null });
+    await first.engine.prepare({ checkpoint_id: "c2" });
+    await first.engine.commit({ checkpoint_id: "c2", episode_ids: null, stop: false });
+    // What the crash left: checkpoint.json renamed into place (its publication failed after), and
+    // the decision withdrawn (the journal entry undecided again).
+    const manifest = JSON.parse(readFileSync(join(root, "ok1", "checkpoint.json"), "utf8")) as { checkpoint_id: string };
+    writeFileSync(join(root, "c2", "checkpoint.json"), `${JSON.stringify({ ...manifest, checkpoint_id: "c2" }, null, 2)}\n`);
+    await first.journal.record({ ...first.journal.entries.get("c2")!, state: "open" });
+    first.engine.leadershipLost();
+    first.leadership.demote();
+    await first.writer.settled();
+
+    const second = makeEngine(root, { successorOf: { fake: first.fake, journal: first.journal, clock: first.clock }, epoch: 8, requireRecovery: true, retention: 2 });
+    expect(await second.engine.recover()).toContainEqual({ checkpoint_id: "c2", action: "resumed" });
+    await second.writer.settled();
+    expect(existsSync(join(root, "c2", "checkpoint.json"))).toBe(false);
+    expect(first.journal.entries.has("c2")).toBe(false);
+    expect((await second.engine.list()).checkpoints.map((c) => c.checkpoint_id)).toEqual(["ok1"]);
+    expect([...first.fake.state].filter(([, s]) => s.checkpoint_id === "c2")).toEqual([]);
   });
 });
