@@ -1702,9 +1702,13 @@ export class Collector {
     return exported;
   }
 
-  /** Retires queued by failed /runs; called under the lock, before prepare. */
+  /**
+   * Retires queued by failed /runs; called under the lock, before prepare. Not once halted: the
+   * exit after halt() closes NATS and lets go of the lock, so a batch after it would race them; the
+   * batch already sent ends, and the dispatch log names the rest for the next start to retire.
+   */
   private async retireQueued(): Promise<void> {
-    while (this.toRetire.length) {
+    while (this.toRetire.length && !this.halted) {
       const batch = this.toRetire.slice(0, RETIRE_BATCH);
       await this.retireNow(batch);
       this.toRetire.splice(0, batch.length);
