@@ -95,6 +95,24 @@ export function register(program: Command): void {
     let telemetryStarted = false;
     /** The ending signal being handled: its handler ends the process, with its own exit code. */
     let leaving: EndingSignal | undefined;
+    /**
+     * Which path ends the process, printing its outcome and setting the exit code: an ending signal
+     * ("signal"), or the collection's own end, its summary or error ("main"), whichever starts first.
+     * The other prints nothing and leaves the exit code alone: both used to, racing (docs/collect.md).
+     */
+    let exitBy: "signal" | "main" | undefined;
+    /**
+     * Settles once the signal path has decided: true, it exits (75, 130, a hangup); false, a
+     * SIGTERM hands the exit back to the collection (nothing checkpointed: a failed start, or the
+     * collection had ended or failed), whose summary or error is the outcome.
+     */
+    let signalDecided!: (keeps: boolean) => void;
+    const signalKeepsExit = new Promise<boolean>((resolve) => (signalDecided = resolve));
+    /** Whether the main path (summary, error) ends the process: first come, or handed back by a SIGTERM. */
+    const mainExits = async (): Promise<boolean> => {
+      exitBy ??= "main";
+      return exitBy === "main" || !(await signalKeepsExit);
+    };
     await runCli(async () => {
       const env = process.env;
       // Without a reply to print, --json would be silently ignored.
@@ -220,11 +238,21 @@ export function register(program: Command): void {
         process.exit(code);
       };
       const onSignal = (signal: EndingSignal) => {
+        // The collection's summary or error is on its way out (bounded: a release, telemetry's 2 s).
+        if (exitBy === "main") return void logger?.info({ signal }, "the collection is exiting with its own code; the signal changes nothing");
         if (leaving === "SIGTERM" && signal === "SIGTERM") return void logger?.warn("SIGTERM again: the stop checkpoint is still running");
         if (leaving && signal === "SIGTERM") return; // already leaving at once
         const before = leaving;
         leaving = signal;
-        if (signal === "SIGTERM") return void stopAndRequeue();
+        exitBy = "signal";
+        if (signal === "SIGTERM") {
+          // Not expected to throw; if it did, the collection's own outcome is the exit rather than none.
+          return void stopAndRequeue().catch((err: unknown) => {
+            logger?.error({ err }, "SIGTERM handling failed");
+            handBack();
+          });
+        }
+        signalDecided(true);
         const code = EXIT_BY_SIGNAL[signal];
         // A second SIGINT or SIGHUP cuts the first one's flush short. One during the stop checkpoint
         // cuts that short, but still writes the records of the rows --out has, as below.
@@ -245,21 +273,34 @@ export function register(program: Command): void {
         const lost = collector?.summary().records;
         if (lost?.unwritten) process.stderr.write(`rollout records: ${lost.unwritten} finished rows not written (${lost.failedFlushes} failed flushes); they are in --out only\n`);
       };
+      /** A SIGTERM that checkpointed nothing: the collection's own outcome (summary or error) is the exit. */
+      const handBack = () => {
+        if (leaving !== "SIGTERM") return; // a SIGINT or SIGHUP since: its exit is the one
+        exitBy = "main";
+        signalDecided(false);
+      };
       const stopAndRequeue = async () => {
         // A failed start exits with its own refusal (runCli), the lock released on its way out.
         // Said, since a start may take long (a leader to wait for, a restore): the signal was heard.
         if (!startSettled) process.stderr.write("SIGTERM: the stop checkpoint follows once the start has ended\n");
-        if (!(await startup.then(() => true, () => false))) return;
+        if (!(await startup.then(() => true, () => false))) return handBack();
         let failed = false;
         const result = await collector!.checkpoint({ stop: true }).catch((err: unknown) => {
           failed = true;
           logger?.error({ err }, "SIGTERM checkpoint failed");
           return { published: false, checkpointId: "" };
         });
-        // Skipped: the collection had ended (every row done or failed for good, the last line
-        // perhaps still being appended; its summary being written; or its failure). Nothing was
-        // checkpointed, so the process exits as the collection does, with its own code, not 75.
-        if (!failed && !result.checkpointId && collector!.hasEnded) return void logger?.warn("SIGTERM after the collection ended: exiting with its own code");
+        // A SIGINT or SIGHUP came meanwhile (it cut this checkpoint short): its exit is the one.
+        if (leaving !== "SIGTERM") return;
+        // Skipped, or given up or failed once the collection had ended (every row done or failed for
+        // good, the last line perhaps still being appended; its summary being written; or its
+        // failure, which gives up the checkpoint under way). Nothing was checkpointed, so the process
+        // exits as the collection does, with its own code and summary or error, not 75.
+        if (!result.published && collector!.hasEnded) {
+          logger?.warn({ failed, checkpoint_id: result.checkpointId || undefined }, "SIGTERM after the collection ended: exiting with its own code");
+          return handBack();
+        }
+        signalDecided(true);
         progress.finish();
         process.stderr.write(`stopped: checkpoint ${result.published ? `${result.checkpointId} published` : "not published"}; exiting ${EXIT_REQUEUE} so the scheduler requeues\n`);
         // As on SIGINT: a row finishing after the flush would be in --out without its record.
@@ -342,14 +383,20 @@ export function register(program: Command): void {
           // Logged (warn, with its checkpoint_id) where it failed.
           void running.checkpoint({ stop: false }).catch((err: unknown) => log.debug({ err }, "SIGUSR1 checkpoint failed"));
         });
-        summary = await running.run().catch((error: unknown) => {
+        summary = await running.run().catch(async (error: unknown) => {
           progress.finish();
-          reportUnwrittenRecords(); // a failed collection wrote what it could of its records
+          // A failed collection wrote what it could of its records; said only if its error is the outcome.
+          if (await mainExits()) reportUnwrittenRecords();
           throw error;
         });
+        // Ended after a signal (a halt leaves nothing to send): the signal's exit is the outcome, not this summary.
+        if (!(await mainExits())) return;
         mean = await running.meanReward();
       } catch (error) {
         startFailed(error); // after start-up, settled already: nothing changes
+        // The signal path ends the process and says why; this error (a start or run cut short by it, or a
+        // failure racing its exit) would be a second outcome.
+        if (!(await mainExits())) return;
         throw error;
       } finally {
         progress.finish();
@@ -385,7 +432,7 @@ export function register(program: Command): void {
     // coordinator daemon does, not when the event loop empties. An OTLP exporter still retrying its
     // last export (a collector down or not answering) kept the process up to 10 s more. An ending
     // signal's handler exits by itself, with its own code.
-    if (telemetryStarted && leaving === undefined) process.stdout.write("", () => setImmediate(() => process.exit()));
+    if (telemetryStarted && exitBy !== "signal") process.stdout.write("", () => setImmediate(() => process.exit()));
   });
 }
 

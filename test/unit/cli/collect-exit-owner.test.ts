@@ -1,0 +1,195 @@
+import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { Command } from "commander";
+import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import { register } from "../../../coordinator/cli/commands/collect.js";
+import { CheckpointError } from "../../../protocol/index.js";
+import { waitUntil } from "../../support/wait-until.js";
+
+/**
+ * `gym-ckpt collect` in process, its collector a stand-in the test steers: an ending signal and the
+ * collection's own end (its summary, or its failure) racing. One of them ends the process; the
+ * other prints nothing and leaves the exit code alone. Both used to: a SIGTERM stop checkpoint given
+ * up by a failing run() printed "exiting 75" beside the failure's error (exit 1), and a run() ending
+ * after a Ctrl-C's halt printed its summary beside the exit 130.
+ */
+const steer = vi.hoisted(() => ({
+  run: undefined as unknown as { promise: Promise<unknown>; resolve: (v: unknown) => void; reject: (e: unknown) => void },
+  stop: undefined as unknown as { promise: Promise<unknown>; resolve: (v: unknown) => void },
+  ended: false,
+  running: false,
+  meanAsked: false,
+  halted: 0,
+  stopAsked: 0,
+}));
+vi.mock("../../../coordinator/collect/collector.js", async (importOriginal) => {
+  const original = await importOriginal<typeof import("../../../coordinator/collect/collector.js")>();
+  class SteeredCollector {
+    get hasEnded() {
+      return steer.ended;
+    }
+    async start() {}
+    run() {
+      steer.running = true;
+      return steer.run.promise;
+    }
+    checkpoint({ stop }: { stop: boolean }) {
+      if (!stop) return Promise.resolve({ published: false, checkpointId: "" });
+      steer.stopAsked++;
+      return steer.stop.promise;
+    }
+    async halt() {
+      steer.halted++;
+    }
+    async flushRecords() {}
+    async meanReward() {
+      steer.meanAsked = true;
+      return 1;
+    }
+    summary() {
+      return SUMMARY;
+    }
+  }
+  return { ...original, Collector: SteeredCollector };
+});
+
+const SUMMARY = { rows: 2, finished: 1, failed: 0, checkpoints: 0, continued: 0, restarted: 0, stopped: true, failedRows: [], usage: { modelCallsKept: 0, tokensKept: 0, modelCallsRegenerated: 0, tokensRegenerated: 0 } };
+
+function settable<T>() {
+  let resolve!: (v: T) => void;
+  let reject!: (e: unknown) => void;
+  const promise = new Promise<T>((res, rej) => ((resolve = res), (reject = rej)));
+  promise.catch(() => undefined);
+  return { promise, resolve, reject };
+}
+
+let dir: string;
+let stderr: string;
+let stdout: string;
+let exits: (number | undefined)[];
+const signals = ["SIGUSR1", "SIGTERM", "SIGINT", "SIGHUP"] as const;
+let before: Map<string, Function[]>;
+beforeEach(async () => {
+  dir = await mkdtemp(join(tmpdir(), "gym-ckpt-collect-exit-owner-"));
+  await writeFile(join(dir, "tasks.jsonl"), '{"id":"a","task":{}}\n{"id":"b","task":{}}\n');
+  stderr = "";
+  stdout = "";
+  exits = [];
+  steer.run = settable<unknown>();
+  steer.stop = settable<unknown>();
+  steer.ended = false;
+  steer.running = false;
+  steer.meanAsked = false;
+  steer.halted = 0;
+  steer.stopAsked = 0;
+  vi.spyOn(process.stderr, "write").mockImplementation((chunk: string | Uint8Array) => ((stderr += String(chunk)), true));
+  vi.spyOn(process.stdout, "write").mockImplementation((chunk: string | Uint8Array) => ((stdout += String(chunk)), true));
+  vi.spyOn(process, "exit").mockImplementation(((code?: number) => void exits.push(code)) as typeof process.exit);
+  before = new Map(signals.map((s) => [s, process.listeners(s)]));
+  process.exitCode = undefined;
+});
+afterEach(async () => {
+  vi.restoreAllMocks();
+  for (const s of signals) for (const l of process.listeners(s)) if (!before.get(s)!.includes(l)) process.off(s, l as () => void);
+  process.exitCode = undefined;
+  await rm(dir, { recursive: true, force: true });
+});
+
+/** Starts the command; resolves once its action has returned. */
+function collect(): Promise<void> {
+  const program = new Command().exitOverride();
+  register(program);
+  const argv = ["collect", "--tasks", join(dir, "tasks.jsonl"), "--out", join(dir, "results.jsonl"), "--checkpoint-dir", join(dir, "ckpt"), "--run-url", "http://127.0.0.1:2/run", "--http-url", "http://127.0.0.1:2", "--token", "t"];
+  return program.parseAsync(argv, { from: "user" }).then(() => undefined);
+}
+
+/** Both paths have had their say: the action returned and, when a signal ends the process, it called exit. */
+async function settled(action: Promise<void>, signalExits: boolean): Promise<void> {
+  await action;
+  if (signalExits) await waitUntil(() => exits.length > 0, "the signal's exit");
+  // Anything still queued behind them (a second path's output) lands before the checks.
+  await new Promise((resolve) => setImmediate(resolve));
+}
+
+describe("gym-ckpt collect: one outcome when a signal and the collection's end race", () => {
+  it.each(["checkpoint given up first", "run() rejected first"])(
+    "a SIGTERM's stop checkpoint given up because run() failed (%s): the failure is the outcome, exit 1, no 'exiting 75'",
+    async (order) => {
+      const action = collect();
+      await waitUntil(() => steer.running, "the collection running");
+      process.emit("SIGTERM");
+      await waitUntil(() => steer.stopAsked === 1, "the stop checkpoint asked for");
+      // run() fails: the collection has ended, and the stop checkpoint under way is given up, not published.
+      steer.ended = true;
+      const failure = new CheckpointError("storage_error", "results.jsonl could not be synced");
+      if (order === "checkpoint given up first") {
+        steer.stop.resolve({ published: false, checkpointId: "20261207T000000Z-given-up" });
+        await new Promise((resolve) => setImmediate(resolve));
+        steer.run.reject(failure);
+      } else {
+        steer.run.reject(failure);
+        await new Promise((resolve) => setImmediate(resolve));
+        steer.stop.resolve({ published: false, checkpointId: "20261207T000000Z-given-up" });
+      }
+      await settled(action, false);
+      expect(stderr).toContain("error storage_error: results.jsonl could not be synced\n");
+      expect(stderr).not.toContain("exiting 75");
+      expect(exits).toEqual([]);
+      expect(process.exitCode).toBe(1);
+    },
+  );
+
+  it("a SIGTERM whose stop checkpoint is published while run() ends (nothing in flight): exit 75, no summary", async () => {
+    const action = collect();
+    await waitUntil(() => steer.running, "the collection running");
+    process.emit("SIGTERM");
+    await waitUntil(() => steer.stopAsked === 1, "the stop checkpoint asked for");
+    steer.run.resolve(SUMMARY); // the workers came back as the stop was published
+    await new Promise((resolve) => setImmediate(resolve));
+    steer.stop.resolve({ published: true, checkpointId: "20261207T000000Z-stop" });
+    await settled(action, true);
+    expect(exits).toEqual([75]);
+    expect(stderr).toContain("stopped: checkpoint 20261207T000000Z-stop published; exiting 75");
+    expect(stdout).toBe("");
+    expect(process.exitCode).toBeUndefined();
+  });
+
+  it("Ctrl-C, then run() ends normally (its halt left nothing to send): exit 130, no summary", async () => {
+    const action = collect();
+    await waitUntil(() => steer.running, "the collection running");
+    process.emit("SIGINT");
+    await waitUntil(() => steer.halted === 1, "the halt");
+    steer.run.resolve(SUMMARY);
+    await settled(action, true);
+    expect(exits).toEqual([130]);
+    expect(stdout).toBe("");
+    expect(process.exitCode).toBeUndefined();
+  });
+
+  it("Ctrl-C, then run() fails: exit 130, its error not printed", async () => {
+    const action = collect();
+    await waitUntil(() => steer.running, "the collection running");
+    process.emit("SIGINT");
+    await waitUntil(() => steer.halted === 1, "the halt");
+    steer.run.reject(new CheckpointError("storage_error", "results.jsonl could not be synced"));
+    await settled(action, true);
+    expect(exits).toEqual([130]);
+    expect(stderr).not.toContain("error storage_error");
+    expect(process.exitCode).toBeUndefined();
+  });
+
+  it("a SIGINT once the summary is on its way: ignored, the collection's own code", async () => {
+    const action = collect();
+    await waitUntil(() => steer.running, "the collection running");
+    steer.ended = true;
+    steer.run.resolve(SUMMARY);
+    await waitUntil(() => steer.meanAsked, "the summary being made");
+    process.emit("SIGINT");
+    await settled(action, false);
+    expect(steer.halted).toBe(0);
+    expect(exits).toEqual([]);
+    expect(stdout).toContain("rows: 2 (finished 1, failed 0)");
+    expect(process.exitCode).toBe(1); // a row not finished
+  });
+});
