@@ -206,8 +206,7 @@ export class WatchedMemberRegistry implements MembershipSource {
   /**
    * `assertBucket`, its refusal kept for listings (logged once per reason) rather than thrown:
    * retrying the read cannot change the config; a bucket re-created again, or a listing while it
-   * stands, checks again. Anything
-   * else (NATS not answering) is thrown, for the read to be retried.
+   * stands, checks again. Anything else (NATS not answering) is thrown, for the read to be retried.
    */
   private reassertBucket(): Promise<void> {
     const check = this.checkBucket().finally(() => {
