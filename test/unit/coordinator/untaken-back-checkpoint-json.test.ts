@@ -4,16 +4,22 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { toCheckpointError } from "../../../protocol/index.js";
+import { verifyCheckpoint } from "../../../coordinator/publication/verify-checkpoint.js";
 import { makeEngine, writers } from "./fake-participants.js";
 
 /**
- * A checkpoint op whose checkpoint.json was renamed into place but whose directory's fsync failed,
- * and which could neither remove that checkpoint.json nor rename its directory away (three storage
- * failures), is aborted with that file left on disk; then leadership moves. Before the fix the
- * journal entry went at the abort's close and the writer's in-memory list of ids to take back was
- * emptied by the lost leadership: the successor listed the aborted checkpoint as published and
- * restorable by id, and its retention counted it among the newest N, deleting an older checkpoint
- * that was truly published in its place.
+ * A checkpoint.json renamed into place whose directory's fsync failed, and which could neither be
+ * removed nor have its directory renamed away (three storage failures): the checkpoint keeps it
+ * until it is taken back. Two consequences, one harness (the failing fs below):
+ *
+ * 1. A publish op so failed leaves the checkpoint committed and open: the controller retries the
+ *    publish once the storage answers. That retry published it (LATEST named it), and the retention
+ *    right after it trashed the whole checkpoint directory, marked for it by the first attempt.
+ * 2. A checkpoint op so failed is aborted with the file left on disk; then leadership moves. The
+ *    journal entry went at the abort's close and the writer's in-memory list of ids to take back was
+ *    emptied by the lost leadership: the successor listed the aborted checkpoint as published and
+ *    restorable by id, and its retention counted it among the newest N, deleting an older checkpoint
+ *    that was truly published in its place.
  */
 const faults = vi.hoisted(() => ({ on: false, dir: "" }));
 const eio = (what: string) => Object.assign(new Error(`EIO: i/o error, ${what}`), { code: "EIO", errno: -5, syscall: what.split(" ")[0] });
@@ -48,12 +54,37 @@ vi.mock("node:fs", async (importOriginal) => {
 let root: string;
 beforeEach(async () => {
   faults.on = false;
-  root = await mkdtemp(join(tmpdir(), "gym-ckpt-untaken-back-failover-"));
+  root = await mkdtemp(join(tmpdir(), "gym-ckpt-untaken-back-"));
 });
 afterEach(async () => {
   faults.on = false;
   await Promise.all(writers.splice(0).map((w) => w.settled()));
   await rm(root, { recursive: true, force: true });
+});
+
+describe("a publish retried after a failed one whose checkpoint.json could not be taken back", () => {
+  it("publishes the checkpoint, LATEST names it, and its directory stays", async () => {
+    const made = makeEngine(root);
+    await made.engine.checkpoint({ checkpoint_id: "ok1", episode_ids: null, stop: false, controller_state: null });
+    await made.engine.prepare({ checkpoint_id: "c2" });
+    await made.engine.commit({ checkpoint_id: "c2", episode_ids: null, stop: false });
+    faults.dir = join(root, "c2");
+    faults.on = true;
+    const refusal = await made.engine.publish({ checkpoint_id: "c2", controller_state: null }).then(
+      () => undefined,
+      (error: unknown) => toCheckpointError(error),
+    );
+    faults.on = false;
+    expect(refusal?.code).toBe("storage_error");
+
+    const reply = await made.engine.publish({ checkpoint_id: "c2", controller_state: null });
+    expect(reply.checkpoint_id).toBe("c2");
+    await made.writer.settled();
+    expect(await made.catalog.latest()).toBe("c2");
+    expect(existsSync(join(root, "c2", "checkpoint.json"))).toBe(true);
+    expect((await verifyCheckpoint(made.catalog, "c2")).checkpoint_id).toBe("c2");
+    await made.engine.resume({ checkpoint_id: "c2" });
+  });
 });
 
 describe("an aborted checkpoint whose checkpoint.json could not be taken back, then a failover", () => {
