@@ -9,6 +9,7 @@ export { dieByHangup } from "./die-by-hangup.js";
 export { makeDirectories, isMisplacedDirectory, parentsOfCreated } from "./make-directories.js";
 export { envSetting } from "./env-setting.js";
 export { finishedWithin, within, type SetTimer } from "./within.js";
+export { timeoutSignal } from "./timeout-signal.js";
 export { equalJitter, type RandomSource } from "./jitter.js";
 export { isHttpUrl, redactUrl } from "./http-url.js";
 export { refuseMalformedHttpRequest, refuseUnknownExpectations } from "./malformed-http-request.js";

@@ -1,7 +1,7 @@
 import { constants } from "node:buffer";
 import { context, propagation } from "@opentelemetry/api";
 import { Agent, fetch } from "undici";
-import { CONTROLLER_OPS, CheckpointError, ErrorReplySchema, HEADER_COORDINATOR_ID, describeZodError, parseCoordinatorIdHeader, timerDelay, type ControllerOp, type CtlReplyOf, type CtlRequestInputOf, type CtlRequestOf } from "../../protocol/index.js";
+import { CONTROLLER_OPS, CheckpointError, ErrorReplySchema, HEADER_COORDINATOR_ID, describeZodError, parseCoordinatorIdHeader, timeoutSignal, timerDelay, type ControllerOp, type CtlReplyOf, type CtlRequestInputOf, type CtlRequestOf } from "../../protocol/index.js";
 import { readCappedText } from "../../protocol/capped-body.js";
 import { UNTIMED_DISPATCHER } from "../../protocol/untimed-dispatcher.js";
 import { httpRoute } from "../api/openapi.js";
@@ -172,12 +172,15 @@ export class HttpControllerClient extends ControllerClient {
     // whole (a dropped connection still cuts it off), whatever /readyz says then.
     const answered = new AbortController();
     const lost = new AbortController();
-    const signal = AbortSignal.any([AbortSignal.timeout(timerDelay(timeout)), lost.signal]);
+    // timeoutSignal, not AbortSignal.timeout: inside AbortSignal.any a GC could collect that (see timeout-signal.ts).
+    const replyTimeout = timeoutSignal(timerDelay(timeout));
+    const signal = AbortSignal.any([replyTimeout.signal, lost.signal]);
     this.watchReadiness(answered.signal, (error) => lost.abort(error), defaultWait(request, this.options) && timeout > DEFAULT_REPLY_TIMEOUT_MS ? "now" : "later");
     try {
       return await this.send(op, path, method, headers, request, signal, timeout, () => answered.abort());
     } finally {
       answered.abort();
+      replyTimeout.clear();
     }
   }
 
@@ -209,7 +212,8 @@ export class HttpControllerClient extends ControllerClient {
       const askedAt = performance.now();
       // Given up with the wait too (the op's reply came): left open, it would hold its socket, and a
       // CLI process that has its answer, until it timed out.
-      const answer = await fetch(routeUrl(this.options.baseUrl, "/readyz"), { signal: AbortSignal.any([AbortSignal.timeout(everyMs), answered]), redirect: "manual", dispatcher: UNTIMED_DISPATCHER })
+      const checkTimeout = timeoutSignal(everyMs);
+      const answer = await fetch(routeUrl(this.options.baseUrl, "/readyz"), { signal: AbortSignal.any([checkTimeout.signal, answered]), redirect: "manual", dispatcher: UNTIMED_DISPATCHER })
         .then(async (response): Promise<ReadyzAnswer> => {
           // The coordinator that answered is named in a header (absent from a coordinator before it).
           const answeredBy = parseCoordinatorIdHeader(response.headers.get(HEADER_COORDINATOR_ID));
@@ -223,7 +227,8 @@ export class HttpControllerClient extends ControllerClient {
           await response.body?.cancel().catch(() => undefined);
           return undefined;
         })
-        .catch((error: unknown) => (neverSentCode(error) === "ECONNREFUSED" ? ("unreachable" as const) : undefined));
+        .catch((error: unknown) => (neverSentCode(error) === "ECONNREFUSED" ? ("unreachable" as const) : undefined))
+        .finally(() => checkTimeout.clear());
       const leader = readyLeaderOf(answer);
       if (leader) this.lastReady = { leader, askedAt };
       return answer;

@@ -1,5 +1,5 @@
 import { z } from "zod";
-import { BearerTokenSchema, MAX_TIMER_MS } from "../../protocol/index.js";
+import { BearerTokenSchema, MAX_TIMER_MS, timeoutSignal } from "../../protocol/index.js";
 import { UNTIMED_FETCH_DISPATCHER } from "../../protocol/untimed-dispatcher.js";
 import { readCappedText } from "../../protocol/capped-body.js";
 
@@ -54,7 +54,7 @@ export class JudgeClient {
     // every verify would answer judge_failed with the key in its detail. Refused here, not echoed.
     const key = options.apiKey === undefined ? undefined : BearerTokenSchema.safeParse(options.apiKey);
     if (key && !key.success) throw new Error(`the judge API key (apiKey, GYM_CKPT_JUDGE_API_KEY): ${key.error.issues[0]!.message}`);
-    // 0 would fail every call at once; past what a timer holds, AbortSignal.timeout fires at once too.
+    // 0 would fail every call at once; past what a timer holds, its timer fires at once too.
     const timeout = options.requestTimeoutMs;
     if (timeout !== undefined && !(timeout >= 1 && timeout <= MAX_TIMER_MS)) {
       throw new Error(`the judge timeout must be from 1 to ${MAX_TIMER_MS} ms, not ${timeout}`);
@@ -63,12 +63,22 @@ export class JudgeClient {
 
   async ask(messages: ChatMessage[], signal?: AbortSignal): Promise<string> {
     this.callCount += 1;
-    const timeout = AbortSignal.timeout(this.options.requestTimeoutMs ?? 60_000);
+    // timeoutSignal, not AbortSignal.timeout: inside AbortSignal.any a GC could collect that (see timeout-signal.ts).
+    const timeout = timeoutSignal(this.options.requestTimeoutMs ?? 60_000);
+    try {
+      return await this.askUntil(messages, signal ? AbortSignal.any([signal, timeout.signal]) : timeout.signal);
+    } finally {
+      timeout.clear();
+    }
+  }
+
+  /** One judge call, given up when `signal` aborts (the caller's, or the request timeout). */
+  private async askUntil(messages: ChatMessage[], signal: AbortSignal): Promise<string> {
     const response = await fetch(`${this.options.baseUrl.replace(/\/+$/, "")}/v1/chat/completions`, {
       method: "POST",
       headers: { "content-type": "application/json", ...(this.options.apiKey && { authorization: `Bearer ${this.options.apiKey}` }) },
       body: JSON.stringify({ model: this.options.model ?? "judge", messages, stream: false, temperature: 0 }),
-      signal: signal ? AbortSignal.any([signal, timeout]) : timeout,
+      signal,
       // Without it fetch's own 300 s header limit would silently cut a longer requestTimeoutMs.
       dispatcher: UNTIMED_FETCH_DISPATCHER,
       // fetch sends the API key on along a same-origin redirect, to whatever the target is: not followed.
