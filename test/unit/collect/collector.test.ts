@@ -68,6 +68,42 @@ async function runServer(handler: RunHandler): Promise<string> {
 type Call = { op: string; req: Record<string, unknown> };
 
 /** A controller that records its calls; `overrides` replace single ops. */
+/**
+ * A coordinator with nothing open whose participant model/m1 is still parked in checkpoint `id`
+ * (`phase`): it refuses every retire with `refusal` until a resume of `id` lets it go (when
+ * `releasedByResume`, as the engine resumes the holders of an id it has not open); `status` is
+ * answered as `coordinator` (the ready leader by default), `get` as `get` when given.
+ */
+function parkedParticipantController(options: {
+  id: string;
+  phase: string;
+  refusal: () => CheckpointError;
+  releasedByResume?: boolean;
+  coordinator?: { id: string; leader: boolean; ready: boolean; epoch: number | null };
+  get?: (id: never) => Promise<unknown>;
+}) {
+  let parked = true;
+  const made = fakeController({
+    retire: async (req: never) => {
+      made.calls.push({ op: "retire", req });
+      if (parked) throw options.refusal();
+      return { participants: [] };
+    },
+    status: async () => ({
+      coordinator: options.coordinator ?? { id: "c1", leader: true, ready: true, epoch: 1 },
+      checkpoint: null,
+      participants: parked ? [{ kind: "model", instance: "m1", phase: options.phase, checkpoint_id: options.id }] : [],
+    }),
+    ...(options.get && { get: options.get }),
+    resume: async (req: never) => {
+      made.calls.push({ op: "resume", req });
+      if (options.releasedByResume && (req as { checkpoint_id: string }).checkpoint_id === options.id) parked = false;
+      return { checkpoint_id: options.id, participants: [] };
+    },
+  });
+  return made;
+}
+
 function fakeController(overrides: Partial<Record<keyof CollectorController, (req: never) => Promise<unknown>>> = {}) {
   const calls: Call[] = [];
   const state = {
@@ -1320,21 +1356,13 @@ describe("collector", () => {
   ] as const)("a start's retire refused by a participant still parked in a closed checkpoint (%s: %s) resumes that checkpoint and retires again", async (phase, code, detail) => {
     await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [{ rollout_id: "a", attempt: 0 }]);
     const parkedIn = "ckpt-20240101T000000-bbbbbbbb";
-    let parked = true;
-    const { controller, calls } = fakeController({
-      retire: async (req: never) => {
-        calls.push({ op: "retire", req });
-        if (parked) throw new CheckpointError(code, `retire failed on 1 participant(s): model/m1: ${code}; first details: ${detail(parkedIn)}`);
-        return { participants: [] };
-      },
-      // The coordinator has nothing open; the participant's status names what it holds.
-      status: async () => ({ coordinator: { id: "c1", leader: true, ready: true, epoch: 1 }, checkpoint: null, participants: parked ? [{ kind: "model", instance: "m1", phase, checkpoint_id: parkedIn }] : [] }),
-      // As the engine answers a resume of an id it does not have open: the processes holding it are resumed.
-      resume: async (req: never) => {
-        calls.push({ op: "resume", req });
-        if ((req as { checkpoint_id: string }).checkpoint_id === parkedIn) parked = false;
-        return { checkpoint_id: parkedIn, participants: [] };
-      },
+    // The coordinator has nothing open; the participant's status names what it holds, and the resume
+    // of that id lets it go (as the engine resumes the holders of an id it has not open).
+    const { controller, calls } = parkedParticipantController({
+      id: parkedIn,
+      phase,
+      refusal: () => new CheckpointError(code, `retire failed on 1 participant(s): model/m1: ${code}; first details: ${detail(parkedIn)}`),
+      releasedByResume: true,
     });
     const url = await runServer(() => ({ status: 200, body: { reward: 1 } }));
     const collector = collectorFor(controller, url);
@@ -1349,17 +1377,11 @@ describe("collector", () => {
   it("a start's retire refused by participants parked in another controller's published stop checkpoint: nothing resumed, the start fails with that refusal", async () => {
     await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [{ rollout_id: "a", attempt: 0 }]);
     const othersStop = "ckpt-20240101T000000-dddddddd";
-    const { controller, calls } = fakeController({
-      retire: async (req: never) => {
-        calls.push({ op: "retire", req });
-        throw new CheckpointError("invalid_phase", `retire failed on 1 participant(s): model/m1: invalid_phase; first details: model/m1: retire is refused while checkpoint ${othersStop} is open (committed); resume first`);
-      },
-      status: async () => ({ coordinator: { id: "c1", leader: true, ready: true, epoch: 1 }, checkpoint: null, participants: [{ kind: "model", instance: "m1", phase: "committed", checkpoint_id: othersStop }] }),
+    const { controller, calls } = parkedParticipantController({
+      id: othersStop,
+      phase: "committed",
+      refusal: () => new CheckpointError("invalid_phase", `retire failed on 1 participant(s): model/m1: invalid_phase; first details: model/m1: retire is refused while checkpoint ${othersStop} is open (committed); resume first`),
       get: async (id: never) => ({ latest: true, manifest: { checkpoint_id: id, stop: true, controller_state: null } }),
-      resume: async (req: never) => {
-        calls.push({ op: "resume", req });
-        return { checkpoint_id: othersStop, participants: [] };
-      },
     });
     const url = await runServer(() => ({ status: 200, body: { reward: 1 } }));
     await expect(collectorFor(controller, url).start()).rejects.toMatchObject({ code: "invalid_phase" });
@@ -1372,20 +1394,12 @@ describe("collector", () => {
     const log = await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [{ rollout_id: "a", attempt: 0 }]);
     const ownStop = "ckpt-20240101T000000-eeeeeeee";
     await log.recordCheckpoint(ownStop);
-    let parked = true;
-    const { controller, calls } = fakeController({
-      retire: async (req: never) => {
-        calls.push({ op: "retire", req });
-        if (parked) throw new CheckpointError("invalid_phase", `retire failed on 1 participant(s): model/m1: invalid_phase; first details: model/m1: retire is refused while checkpoint ${ownStop} is open (committed); resume first`);
-        return { participants: [] };
-      },
-      status: async () => ({ coordinator: { id: "c1", leader: true, ready: true, epoch: 1 }, checkpoint: null, participants: parked ? [{ kind: "model", instance: "m1", phase: "committed", checkpoint_id: ownStop }] : [] }),
+    const { controller, calls } = parkedParticipantController({
+      id: ownStop,
+      phase: "committed",
+      refusal: () => new CheckpointError("invalid_phase", `retire failed on 1 participant(s): model/m1: invalid_phase; first details: model/m1: retire is refused while checkpoint ${ownStop} is open (committed); resume first`),
+      releasedByResume: true,
       get: async (id: never) => ({ latest: false, manifest: { checkpoint_id: id, stop: true, controller_state: null } }),
-      resume: async (req: never) => {
-        calls.push({ op: "resume", req });
-        if ((req as { checkpoint_id: string }).checkpoint_id === ownStop) parked = false;
-        return { checkpoint_id: ownStop, participants: [] };
-      },
     });
     const url = await runServer(() => ({ status: 200, body: { reward: 1 } }));
     const collector = collectorFor(controller, url);
@@ -1404,16 +1418,11 @@ describe("collector", () => {
   ] as const)("a start's retire refused invalid_phase, the status answered by %s: nothing resumed, the start fails with that refusal", async (_who, coordinator) => {
     await DispatchLog.create(join(dir, "dispatched.jsonl"), "run-1", [{ rollout_id: "a", attempt: 0 }]);
     const othersId = "ckpt-20240101T000000-cccccccc";
-    const { controller, calls } = fakeController({
-      retire: async (req: never) => {
-        calls.push({ op: "retire", req });
-        throw new CheckpointError("invalid_phase", `checkpoint ${othersId} is prepared; retire is not allowed`);
-      },
-      status: async () => ({ coordinator, checkpoint: null, participants: [{ kind: "model", instance: "m1", phase: "prepared", checkpoint_id: othersId }] }),
-      resume: async (req: never) => {
-        calls.push({ op: "resume", req });
-        return { checkpoint_id: othersId, participants: [] };
-      },
+    const { controller, calls } = parkedParticipantController({
+      id: othersId,
+      phase: "prepared",
+      refusal: () => new CheckpointError("invalid_phase", `checkpoint ${othersId} is prepared; retire is not allowed`),
+      coordinator,
     });
     const url = await runServer(() => ({ status: 200, body: { reward: 1 } }));
     await expect(collectorFor(controller, url).start()).rejects.toMatchObject({ code: "invalid_phase" });
