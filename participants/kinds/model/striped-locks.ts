@@ -1,11 +1,13 @@
 import { randomBytes } from "node:crypto";
 import { unlinkSync } from "node:fs";
 import { link, readdir, rm, stat, unlink, writeFile } from "node:fs/promises";
-import { basename, join } from "node:path";
+import { basename, dirname, join } from "node:path";
 import { makeDirectories, namePath } from "../../../protocol/index.js";
 import { readIfExists, takeOverStale } from "../../../protocol/lock-takeover.js";
 import { parseProcessIdentity, processIdentity, whyOwnerGone } from "../../../protocol/process-identity.js";
 import { AsyncLock } from "../../control-plane/async-lock.js";
+import { filesystemClock } from "../../storage/filesystem-clock.js";
+import { removeStaleProbeFiles } from "../../storage/stale-probe-files.js";
 
 /**
  * A bounded set of lock files guarding per-rollout ledger files: a key maps to one of `stripes`
@@ -243,7 +245,10 @@ export class StripedLocks {
 
   /** Writes the owner file, after removing those of processes that no longer run (a crash leaves its own). */
   private async writeOwnerFile(): Promise<void> {
-    for (const name of await readdir(this.dir)) {
+    const names = await readdir(this.dir);
+    // whyStale's clock probes (stale-probe-files.ts): what a crash left between a probe's create and remove.
+    await removeStaleProbeFiles(this.dir, names);
+    for (const name of names) {
       if (!name.startsWith(OWNER_FILE_PREFIX)) continue;
       const path = join(this.dir, name);
       const text = await readIfExists(path).catch(() => undefined);
@@ -286,12 +291,20 @@ const OWNER = [process.pid, randomBytes(8).toString("hex"), ...(OWN_IDENTITY ? [
 /** An empty lock file older than this was left by a writer that died between create and write (versions that wrote it in place). */
 const EMPTY_LOCK_GRACE_MS = 2_000;
 
-/** Why a lock (or owner) file's owner no longer runs; undefined while it may. */
+/**
+ * Why a lock (or owner) file's owner no longer runs; undefined while it may. An empty file's age is
+ * judged by the directory's own clock (filesystem-clock.ts), not Date.now(): its mtime is the file
+ * server's clock on NFS, and a host ahead of it would break a live writer's fresh file. Where that
+ * clock cannot be read, an empty file is not judged stale.
+ */
 async function whyStale(path: string, content: string): Promise<string | undefined> {
   const text = content.trim();
   if (text === "") {
+    // Read before the file's mtime: a write landing in between only makes it look younger.
+    const now = await filesystemClock(dirname(path));
+    if (now === undefined) return undefined;
     const info = await stat(path).catch(() => undefined);
-    return info !== undefined && Date.now() - info.mtimeMs > EMPTY_LOCK_GRACE_MS ? "left empty" : undefined;
+    return info !== undefined && now - info.mtimeMs > EMPTY_LOCK_GRACE_MS ? "left empty" : undefined;
   }
   const [pidText, , startedAt, bootId] = text.split(" ");
   const pid = Number(pidText);

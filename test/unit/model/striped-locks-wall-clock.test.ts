@@ -1,5 +1,5 @@
 import { existsSync } from "node:fs";
-import { mkdir, mkdtemp, rm, unlink, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readFile, readdir, rm, unlink, utimes, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
@@ -36,7 +36,8 @@ function countingTries(l: StripedLocks): () => number {
 
 // Both are durations within this process (how long it waited, how long a stripe it owns sat idle):
 // before, they were measured with Date.now(), so a wall-clock step cut the wait short or kept an idle
-// stripe's lock file for an hour. (A lock file's age, by its mtime another process wrote, stays wall time.)
+// stripe's lock file for an hour. (A lock file's age, by its mtime another process wrote, is judged
+// by the directory's own clock: see the empty-file tests below.)
 describe("striped locks under a wall-clock step", () => {
   it("a step ahead while waiting for a stripe another live process holds does not end the wait early", async () => {
     const l = new StripedLocks(join(dir, "locks"), 4, 10_000, 60_000);
@@ -64,5 +65,33 @@ describe("striped locks under a wall-clock step", () => {
     await l.run("k", async () => "ran");
     offset = -3_600_000; // stepped back right after its last use
     await waitUntil(() => !existsSync(file) && l.ownedStripes().length === 0, "the idle stripe released", 3000);
+  });
+
+  // An empty lock file (left by a writer that died between create and write) is broken once older
+  // than a grace. Its mtime is the file system's clock (on NFS the server's), which this process's
+  // clock need not agree with: its age was judged by Date.now(), so a host an hour ahead broke a
+  // live writer's fresh file, and one an hour behind waited for a dead writer's for an hour.
+  it("an empty lock file fresh by the directory's clock is not broken, though this process's clock is an hour ahead", async () => {
+    const l = new StripedLocks(join(dir, "locks"), 4, 300, 60_000);
+    open.push(l);
+    await mkdir(join(dir, "locks"), { recursive: true });
+    const file = l.lockFile(l.stripeOf("k"));
+    await writeFile(file, ""); // mtime: now, by the file system
+    offset = 3_600_000; // the mtime is an hour in the past to this process
+    await expect(l.run("k", async () => "ran")).rejects.toThrow(/held by another live process/);
+    expect(await readFile(file, "utf8")).toBe("");
+    expect((await readdir(join(dir, "locks"))).filter((name) => name.startsWith(".clock-probe."))).toEqual([]);
+  });
+
+  it("an empty lock file old by the directory's clock is broken, though this process's clock is an hour behind", async () => {
+    const l = new StripedLocks(join(dir, "locks"), 4, 2_000, 60_000);
+    open.push(l);
+    await mkdir(join(dir, "locks"), { recursive: true });
+    const file = l.lockFile(l.stripeOf("k"));
+    await writeFile(file, "");
+    const old = new Date(Date.now() - 60_000);
+    await utimes(file, old, old); // a minute old by the file system
+    offset = -3_600_000; // the mtime is 59 minutes in the future to this process
+    expect(await l.run("k", async () => "ran")).toBe("ran");
   });
 });

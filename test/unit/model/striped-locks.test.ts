@@ -208,6 +208,19 @@ process.exit(0);`;
     expect(readdirSync(join(dir, "locks"))).toEqual([]);
   });
 
+  it("a clock probe a crash left in the lock directory (an empty file's age is read off one) is removed once old; a fresh one stays", async () => {
+    const l = locks(4);
+    await mkdir(join(dir, "locks"), { recursive: true });
+    const stale = ".clock-probe.999999999.0123456789ab";
+    const fresh = ".clock-probe.999999999.0123456789ac";
+    await writeFile(join(dir, "locks", stale), "");
+    const old = new Date(Date.now() - 120_000);
+    await utimes(join(dir, "locks", stale), old, old);
+    await writeFile(join(dir, "locks", fresh), "");
+    await l.run("k", async () => undefined);
+    expect((await readdir(join(dir, "locks"))).filter((name) => name.startsWith(".clock-probe."))).toEqual([fresh]);
+  });
+
   it("an owner file removed from outside is written again", async () => {
     const l = locks(4, 10_000, 30);
     await l.run("a", async () => undefined);
