@@ -40,8 +40,10 @@ export function chatToMessage(m: ChatMessageLike): Message {
     case "assistant": {
       const calls = (m.tool_calls ?? []).map((c) => ({ id: c.id, name: c.function.name, arguments: c.function.arguments }));
       // The model's reasoning is part of the conversation a replay continues (a field chat messages
-      // pass through unchecked: only text, or null, is a record's).
-      const reasoning = m["reasoning_content"];
+      // pass through unchecked: only text, or null, is a record's). Newer vLLM names it `reasoning`,
+      // taken where `reasoning_content` holds no text (while vLLM sent both, they held the same text).
+      const named = [m["reasoning_content"], m["reasoning"]];
+      const reasoning = named.find((r) => typeof r === "string") ?? named.find((r) => r === null);
       return {
         role: "assistant",
         content: m.content ?? null,

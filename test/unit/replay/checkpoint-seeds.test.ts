@@ -105,6 +105,44 @@ describe("checkpoint seeds", () => {
     ]);
   });
 
+  // Newer vLLM names an assistant message's reasoning `reasoning`, not `reasoning_content`; an agent that
+  // keeps the policy's replies as they came parks it so (a turn-loop snapshot's messages pass unknown
+  // keys through). It was dropped: the seed continued another conversation, and seed_tokens left it out.
+  it("take an assistant turn's `reasoning` (newer vLLM's name) as its reasoning_content: kept in the prompt and counted in seed_tokens", async () => {
+    const r1 = parked("r1");
+    const thought = "t".repeat(400);
+    const call = { id: "c1", type: "function", function: { name: "python", arguments: "{}" } };
+    const turns = (assistant: object) => [
+      { role: "system", content: "You solve." },
+      { role: "user", content: "Compute 6*7." },
+      { role: "assistant", content: null, ...assistant, tool_calls: [call] },
+      { role: "tool", tool_call_id: "c1", content: "42" },
+    ];
+    const r2 = parked("r2");
+    const r3 = parked("r3");
+    await publish([
+      await writeParticipant("environment", [r1.environment, r2.environment, r3.environment]),
+      await writeParticipant("agent", [
+        { ...r1.agent, boundary: { messages: turns({ reasoning: thought }) } },
+        // Both names (vLLM while it sent both, the same text): the record's own name wins, counted once.
+        { ...r2.agent, boundary: { messages: turns({ reasoning_content: thought, reasoning: "other" }) } },
+        // The record's name left null beside the text under the new one: the text is kept.
+        { ...r3.agent, boundary: { messages: turns({ reasoning_content: null, reasoning: thought }) } },
+      ]),
+    ]);
+    const exported = await exportCheckpointSeeds(checkpointDir());
+    for (const seed of exported.seeds) {
+      expect(seed.prompt).toEqual([
+        { role: "user", content: "Compute 6*7." },
+        { role: "assistant", content: null, reasoning_content: thought, tool_calls: [{ id: "c1", name: "python", arguments: "{}" }] },
+        { role: "tool", tool_call_id: "c1", content: "42" },
+      ]);
+      // Characters / 4: the user turn (12), the reasoning (400), the call's name and arguments (8), the result (2).
+      expect(seed.seed_tokens).toBe(Math.floor((12 + 400 + 8 + 2) / 4));
+    }
+    expect(exported.seeds).toHaveLength(3);
+  });
+
   it("skip an episode whose agent boundary is not a turn-loop snapshot (another agent's own state) and export the rest", async () => {
     const [r1, r2] = [parked("r1"), parked("r2")];
     const custom = { ...r2.agent, boundary: { cursor: 7, scratchpad: "opaque" } };

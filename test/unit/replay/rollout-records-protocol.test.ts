@@ -329,6 +329,17 @@ describe("chat trajectories", () => {
     for (const m of messages) expect(messageToChat(chatToMessage(m))).toEqual(m);
     expect(chatToMessage(messages[0]!)).toEqual({ role: "assistant", content: null, reasoning_content: "Use the calculator.", tool_calls: [{ id: "c1", name: "calculator", arguments: "{}" }] });
   });
+
+  it("take an assistant turn's `reasoning` (newer vLLM's name) as its reasoning_content, into a /run trajectory's record too", () => {
+    const turns: ChatMessageLike[] = [
+      { role: "system", content: "s" },
+      { role: "user", content: "q" },
+      { role: "assistant", content: "42", reasoning: "6*7" } as ChatMessageLike,
+    ];
+    const trajectory = chatTrajectory({ messages: turns, seeded: 2, reward: 1, taskName: null, prompt: "q", replay: null });
+    expect(trajectory.nodes[2]!.message).toEqual({ role: "assistant", content: "42", reasoning_content: "6*7" });
+    expect(RunTrajectorySchema.parse(trajectory)).toEqual(trajectory);
+  });
 });
 
 describe("resume points", () => {
