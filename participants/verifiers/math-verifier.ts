@@ -66,7 +66,7 @@ const DECIMAL = /^([-+]?)(\d*)(?:\.(\d*))?(?:[eE]([-+]?\d+))?$/;
  * first decimal), in decimal arithmetic.
  */
 export function normalizeAnswer(text: string): string {
-  const spaced = stripDecoration(latexPlain(extractAnswer(text)));
+  const spaced = plainDegreeWord(stripDecoration(latexPlain(extractAnswer(text))));
   let value = spaced.replace(/\s+/g, "");
   // A percentage compares its number as a number, and stays a percentage (50% is neither 50 nor 0.5).
   const percent = value.length > 1 && value.endsWith("%") ? "%" : "";
@@ -112,8 +112,14 @@ const UPRIGHT_CONSTANTS = new Set(["e", "i", "π"]);
 const DEGREE_SPELLINGS = /\^\s*(?:\\circ(?![A-Za-z])|\{\s*\\circ\s*\})|\\(?:text)?degree(?![A-Za-z])(?:\{\})?/g;
 /** Every text wrapper: its macro's name and what it holds. */
 const TEXT_WRAPPERS = /\\(text|textrm|mathrm|mbox)\{([^{}]*)\}/g;
-/** The unit word closing what a text wrapper holds. */
-const DEGREE_WORD = /[Dd]egrees?$/;
+/**
+ * The unit word closing an answer or what a text wrapper holds, `degree`/`degrees`, with its scale
+ * if named (`degrees Celsius`, `degrees F`): read as `°`, `°C` or `°F`.
+ */
+const DEGREE_WORD_SOURCE = String.raw`[Dd]egrees?(?:\s+([Cc]elsius|[Ff]ahrenheit|[CF]))?$`;
+const DEGREE_WORD = new RegExp(DEGREE_WORD_SOURCE);
+/** The same word in plain text, right after a number's last digit (`90 degrees`, `90degrees`). */
+const PLAIN_DEGREE_WORD = new RegExp(String.raw`(?<=\d)\s*${DEGREE_WORD_SOURCE}`);
 /**
  * The degrees closing the answer, once LaTeX's are read as `°`: a unit too (`90^\circ`, `90°`), and
  * so are degrees Celsius or Fahrenheit, the letter plain or wrapped (`90°C`, `90^\circ\text{C}`):
@@ -123,11 +129,16 @@ const FINAL_DEGREES = /°\s*(?:[CF]|\\(?:text|textrm|mathrm|mbox)\{\s*[CF]\s*\})
 /** What a text wrapper holds when it ends in degrees (`\text{90°}`, `\text{90 °C}`). */
 const HELD_DEGREES = /°\s*[CF]?$/;
 
+/** The degree sign for DEGREE_WORD's scale: `°`, `°C`, `°F`. */
+function degreeSign(scale: string | undefined): string {
+  return scale ? `°${scale[0]!.toUpperCase()}` : "°";
+}
+
 /**
  * `text` with LaTeX's degree signs (DEGREE_SPELLINGS) read as `°`, and so the unit word
- * `degree`/`degrees` closing a text wrapper, alone in it or after a number (`90\text{ degrees}`,
- * `\text{90 degrees}`): a wrapper marks it as a unit, while a plain-text `90 degrees` stays text, as
- * other units do, and a word before it stays a word (`5\text{ in degrees}`).
+ * `degree`/`degrees` (DEGREE_WORD, with its scale) closing a text wrapper, alone in it or after a
+ * number (`90\text{ degrees}`, `\text{90 degrees Celsius}`); a word before it stays a word
+ * (`5\text{ in degrees}`). Plain text's is plainDegreeWord's.
  */
 function degreeSigns(text: string): string {
   return text.replace(DEGREE_SPELLINGS, "°").replace(TEXT_WRAPPERS, (wrapper: string, name: string, held: string) => {
@@ -136,16 +147,28 @@ function degreeSigns(text: string): string {
     const before = word ? trimmed.slice(0, word.index).trimEnd() : "";
     // Alone, or after a number's last digit (`\text{90degrees}` too); `\text{ in degrees}` stays words.
     if (!word || (before !== "" && !/\d$/.test(before))) return wrapper;
-    return `\\${name}{${before}°}`;
+    return `\\${name}{${before}${degreeSign(word[1])}}`;
   });
 }
 
 /**
+ * A plain-text `degree`/`degrees` (with its scale) closing `answer` (spacing, `$` and a final period
+ * removed) right after a number's digit, read as `°`: `90 degrees` is `90°`, `90 degrees Celsius`
+ * `90°C`. Unlike other plain-text words (`5 cm`, `5 x`, `2 pi`) it is no variable or constant, so a
+ * wrapper is not needed to mark it as a unit; after anything but a digit it stays text (`x degrees`).
+ */
+function plainDegreeWord(answer: string): string {
+  return answer.replace(PLAIN_DEGREE_WORD, (_word: string, scale: string | undefined) => degreeSign(scale));
+}
+
+/**
  * An answer that is a number followed by a unit in a text wrapper (`5\text{ cm}`,
- * `\boxed{\frac12\,\mathrm{m}}`) or by degrees (`90^\circ`, `90\degree`, `90°`, `\text{90°}`,
- * `\text{90 degrees}`, `90^\circ\text{C}`, `90°F`): its normalized number. A unit is marked as text
- * (or by the degree sign), so a plain-text suffix is none (`5 x`, `2 pi` may be a variable or a
- * constant), nor is one with anything after it (`5\text{ cm}^2`, `5\text{ or }7`, `90^\circ 5`).
+ * `\boxed{\frac12\,\mathrm{m}}`, or the number in it too, spacing before the unit: `\text{5 cm}`)
+ * or by degrees (`90^\circ`, `90\degree`, `90°`, `\text{90°}`, `\text{90 degrees}`, a plain-text
+ * `90 degrees`, `90^\circ\text{C}`, `90°F`, `90 degrees Celsius`): its normalized number. A unit is
+ * marked as text (or by the degree sign, or is the word degrees), so another plain-text suffix is
+ * none (`5 x`, `2 pi` may be a variable or a constant), nor is one with anything after it
+ * (`5\text{ cm}^2`, `5\text{ or }7`, `90^\circ 5`).
  */
 export function numberBeforeUnit(text: string): string | undefined {
   const before = textBeforeUnit(text);
@@ -156,13 +179,28 @@ export function numberBeforeUnit(text: string): string | undefined {
 
 /** What comes before the unit closing `text` (by numberBeforeUnit's rules), number or not; undefined without one. */
 function textBeforeUnit(text: string): string | undefined {
-  const answer = degreesOutOfFinalWrapper(stripDecoration(degreeSigns(extractAnswer(text))));
+  const answer = degreesOutOfFinalWrapper(plainDegreeWord(stripDecoration(degreeSigns(extractAnswer(text)))));
   const degrees = FINAL_DEGREES.exec(answer);
   if (degrees) return answer.slice(0, degrees.index);
   const wrapper = FINAL_TEXT_WRAPPER.exec(answer);
-  const unit = wrapper?.[1]!.trim();
-  if (!wrapper || !unit || !UNIT.test(unit) || HEDGE.test(unit) || UPRIGHT_CONSTANTS.has(unit)) return undefined;
-  return answer.slice(0, wrapper.index);
+  if (!wrapper) return undefined;
+  const number = numberOpeningWrapper(wrapper[1]!);
+  const unit = wrapper[1]!.slice(number.length).trim();
+  if (!unit || !UNIT.test(unit) || HEDGE.test(unit) || UPRIGHT_CONSTANTS.has(unit)) return undefined;
+  return answer.slice(0, wrapper.index) + number;
+}
+
+/**
+ * What a text wrapper holds before its unit when spacing (also LaTeX's `\,` `\:` `\;`) separates
+ * them (`5 ` of `\text{5 cm}`), else "": it is then the number before a wrapped unit, and whether it
+ * is a number is decided as for one (`\text{x 5 cm}` is none). Glued to a letter it is not split
+ * off: `\text{2e5}` is a number, not 2 in a unit `e5`.
+ */
+function numberOpeningWrapper(held: string): string {
+  const unitAt = held.search(/[\p{L}°µ]/u);
+  if (unitAt <= 0) return "";
+  const before = held.slice(0, unitAt);
+  return /\s$|\\[,:;]$/.test(before.slice(-2)) ? before : "";
 }
 
 /** A final text wrapper ending in degrees (`\text{90°}`, `\text{90°C}`) unwrapped, so they close the answer (`90°`, `90°C`). */

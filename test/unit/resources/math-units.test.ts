@@ -5,7 +5,8 @@ import { MathVerifier } from "../../../participants/verifiers/index.js";
  * docs/verifiers.md: a unit in a text wrapper (`\text{…}`, `\textrm`, `\mathrm`, `\mbox`) after a
  * number is ignored when only one side has a unit (the question names the unit; a data set's bare
  * `5` and a model's `5\text{ cm}` are the same answer), and compared when both have one (`5 cm` is
- * not `5 m`). A plain-text suffix is no unit: it cannot be told from a variable (`5 x`, `2 pi`).
+ * not `5 m`). A plain-text suffix is no unit: it cannot be told from a variable (`5 x`, `2 pi`);
+ * only the word degrees is one without a wrapper.
  */
 const reward = async (expected_answer: string, answer: string) => (await new MathVerifier().verify({ task: { expected_answer }, answer })).reward;
 
@@ -103,7 +104,6 @@ describe("math verifier: units", () => {
     expect(await reward("90", "\\text{x = 90°}")).toBe(0);
     expect(await reward("90", "\\text{90°} 5")).toBe(0);
     expect(await reward("90\\text{ degrees}", "90\\text{ rad}")).toBe(0);
-    expect(await reward("90", "90 degrees")).toBe(0);
   });
 
   it("reads a number and the word degrees in one text wrapper, and textcomp's `\\textdegree`, as degrees", async () => {
@@ -140,6 +140,81 @@ describe("math verifier: units", () => {
     expect(await reward("90", "90^\\circ x")).toBe(0);
   });
 
+  /*
+   * The unit word degrees after a number is a unit in plain text too (it is no variable, as `x` or
+   * `pi` may be), and with Celsius or Fahrenheit after it is `°C` / `°F`; a number inside the text
+   * wrapper, spacing before its unit (`\text{5 cm}`), is the number before a wrapped unit. Each row:
+   * expected, answer, reward.
+   */
+  describe("a unit word after a number, plain or with the number in the wrapper", () => {
+    it.each([
+      // Plain-text degrees: the bare number and any spelling of degrees, both ways.
+      ["90", "\\boxed{90 degrees}", 1],
+      ["90^\\circ", "\\boxed{90 degrees}", 1],
+      ["90 degrees", "90", 1],
+      ["90 degrees", "90°", 1],
+      ["90", "90 degree", 1],
+      ["90", "90degrees", 1],
+      ["90", "90 Degrees.", 1],
+      ["-3", "-3 degrees", 1],
+      ["\\text{90 degrees}", "90 degrees", 1],
+      // Degrees Celsius or Fahrenheit, spelled out, plain or wrapped: °C / °F.
+      ["90", "\\text{90 degrees Celsius}", 1],
+      ["\\text{90 degrees Celsius}", "90", 1],
+      ["90^\\circ\\text{C}", "\\text{90 degrees Celsius}", 1],
+      ["90°C", "90\\text{ degrees Celsius}", 1],
+      ["90°C", "90 degrees celsius", 1],
+      ["90°C", "\\text{90 degrees C}", 1],
+      ["212", "212 degrees Fahrenheit", 1],
+      ["212^\\circ\\text{F}", "\\mathrm{212 degrees Fahrenheit}", 1],
+      // The number inside the wrapper, spacing (plain or LaTeX's) before the unit.
+      ["5", "\\text{5 cm}", 1],
+      ["\\text{5 cm}", "5", 1],
+      ["5\\text{ cm}", "\\text{5 cm}", 1],
+      ["5", "\\boxed{\\mathrm{5 km/h}}", 1],
+      ["5", "\\text{5\\,cm}", 1],
+      ["4", "\\text{4 m^2}", 1],
+      ["1000", "\\text{1,000 m}", 1],
+      ["-2.5", "\\mbox{-2.5 m}", 1],
+      // Near-misses. Hedges between answers stay two answers, with the unit plain or wrapped.
+      ["90", "90 or 45 degrees", 0],
+      ["45", "90 or 45 degrees", 0],
+      ["90", "\\text{90 or 45 degrees}", 0],
+      ["90", "90 to 100 degrees", 0],
+      ["5", "\\text{5 or 7}", 0],
+      ["5", "\\text{5 or seven}", 0],
+      ["5", "\\text{5 and 7 cm}", 0],
+      ["5", "\\text{5 cm or 7 cm}", 0],
+      ["5\\text{ or 7}", "\\text{5 or 7}", 1],
+      // Another number, another unit, a word before or anything after: as with a wrapped unit.
+      ["90", "91 degrees", 0],
+      ["90", "x = 90 degrees", 0],
+      ["90", "90 degrees 5", 0],
+      ["90", "90 degrees Kelvin", 0],
+      ["90^\\circ", "90 degrees Celsius", 0],
+      ["90 degrees Celsius", "90 degrees Fahrenheit", 0],
+      ["90", "\\text{90 degrees Celsius} 5", 0],
+      ["5", "\\text{x 5 cm}", 0],
+      ["5", "\\text{6 cm}", 0],
+      ["5\\text{ m}", "\\text{5 cm}", 0],
+      // Other plain-text units stay text (a variable or a constant cannot be told from one): the documented rule.
+      ["5", "5 cm", 0],
+      ["5", "5 cm^2", 0],
+      ["2", "2 pi", 0],
+      // A wrapped unit with a power is a unit (as `4\\text{ m^2}`); one followed by a power is not.
+      ["5", "\\text{5 cm^2}", 1],
+      ["5", "\\text{5 cm}^2", 0],
+      // Upright constants stay no unit, and a number glued to letters in a wrapper is read as written (`2e5` is 200000).
+      ["2", "\\text{2 e}", 0],
+      ["3", "\\mathrm{3 i}", 0],
+      ["2", "\\text{2 π}", 0],
+      ["2", "\\text{2e5}", 0],
+      ["200000", "\\text{2e5}", 1],
+    ] as const)("expected %s, answer %s: reward %i", async (expected, answer, expectedReward) => {
+      expect(await reward(expected, answer)).toBe(expectedReward);
+    });
+  });
+
   it("finds the unit in linear time on long answers (a guard against backtracking, not a speed target)", { timeout: 10_000 }, async () => {
     const started = performance.now();
     expect(await reward("5", "\\text{".repeat(14_000))).toBe(0);
@@ -150,6 +225,9 @@ describe("math verifier: units", () => {
     expect(await reward("5", `${"\\text{ ".repeat(14_000)}`)).toBe(0);
     expect(await reward("5", `\\text{${"degree".repeat(16_000)}}`)).toBe(0);
     expect(await reward("5", `5°${" ".repeat(99_000)}x`)).toBe(0);
+    expect(await reward("5", `${"9 ".repeat(49_000)}degrees x`)).toBe(0);
+    expect(await reward("5", `${"9degrees".repeat(12_000)}`)).toBe(0);
+    expect(await reward("5", `\\text{${"5 ".repeat(49_000)}cm}`)).toBe(0);
     expect(performance.now() - started).toBeLessThan(2_000);
   });
 });
