@@ -750,10 +750,8 @@ export class CheckpointEngine {
       const unresumed = this.open?.phase === "published" && this.open.id === id ? this.open : undefined;
       if (this.open && !unresumed) throw new CheckpointError("invalid_phase", `checkpoint ${this.open.id} is open (${this.open.phase}); resume it before a restore`);
       if (!id) throw new CheckpointError("not_found", "nothing was published yet (no LATEST)");
-      // Aborted, its checkpoint.json not taken back yet (its entry kept for that, which a restore's would overwrite).
-      if (this.options.writer.untakenBackOf(id)) {
-        throw new CheckpointError("not_found", `checkpoint ${id} was aborted, not published: the storage refused the removal of its checkpoint.json, which is retried before the next retention`);
-      }
+      // Aborted, its checkpoint.json not taken back yet (its entry kept for that, which a restore's
+      // would overwrite): the catalog withholds it, so this refuses it not_found.
       const manifest = await this.committedManifests(id);
       const dir = this.options.catalog.dirFor(id);
       // Only fresh processes restore it: one still parked in it (its controller never resumed it, or
@@ -1406,7 +1404,10 @@ export class CheckpointEngine {
     if (!open) {
       this.refuseUnjournaled(id); // checked by both callers before their deadline too; kept here, where the id opens
       if (this.closed.has(id)) throw new CheckpointError("stale_checkpoint", `checkpoint ${id} was already resumed; use a fresh id`);
-      if (this.options.catalog.published(id)) throw new CheckpointError("stale_checkpoint", `checkpoint ${id} is already published; use a fresh id`);
+      if (this.options.catalog.published(id)) {
+        const what = this.options.catalog.untakenBack.has(id) ? "was aborted (its checkpoint.json not taken back yet)" : "is already published";
+        throw new CheckpointError("stale_checkpoint", `checkpoint ${id} ${what}; use a fresh id`);
+      }
       const members = await this.options.membership.list();
       // An unreadable entry naming no participant fits no stage: refused before anything is opened or sent.
       const unreadable = (await this.options.membership.unreadable?.()) ?? [];
@@ -2488,7 +2489,8 @@ export class CheckpointEngine {
   private async publishedWith(id: string, state: ControllerStateInput | null, commit?: { episode_ids: EpisodeId[] | null; stop: boolean }): Promise<GlobalManifest | undefined> {
     const open = this.open?.id === id ? this.open : undefined;
     // Open and not published yet, it has no checkpoint.json of its own: its publish decides.
-    if ((open && (commit || open.phase !== "published")) || !this.options.catalog.has(id)) return undefined;
+    // An aborted checkpoint whose checkpoint.json is still there was never published: a retry is not answered from it.
+    if ((open && (commit || open.phase !== "published")) || !this.options.catalog.has(id) || this.options.catalog.untakenBack.has(id)) return undefined;
     const manifest = await this.options.catalog.get(id);
     if (commit) return manifest.stop === commit.stop && sameScope(manifest.scope, commit.episode_ids) && sameControllerState(manifest.controller_state, state) ? manifest : undefined;
     if (!sameControllerState(manifest.controller_state, state)) {

@@ -52,6 +52,15 @@ type ScannedManifest = { version: string; entry: CatalogEntry } | { version: str
 /** Reads the published checkpoints under a root: `<root>/<id>/checkpoint.json` and `<root>/LATEST`. */
 export class CheckpointCatalog {
   private readonly entries = new Map<string, ScannedManifest>();
+  /**
+   * Aborted checkpoints whose checkpoint.json this leader's writer could not take back (its
+   * `takeBack`; a successor's recovery adds those its predecessor left, learnt from the journal
+   * entry kept for them). The file marks them published, so every read here withholds them: not
+   * listed (nor as damaged), `get` not_found, not counted by retention, never the newest. Only
+   * `has`/`published`/`leftover` still see the file: recovery and the prepare look for it. Kept by
+   * the writer (GlobalManifestWriter.untakenBackOf), emptied with the leadership.
+   */
+  readonly untakenBack = new Set<string>();
 
   constructor(
     readonly root: string,
@@ -162,9 +171,12 @@ export class CheckpointCatalog {
     }
   }
 
-  /** The global manifest of a published checkpoint; `not_found` when it has none. */
+  /** The global manifest of a published checkpoint; `not_found` when it has none, or is withheld (`untakenBack`). */
   async get(checkpointId: string): Promise<GlobalManifest> {
     const path = this.manifestPath(checkpointId);
+    if (this.untakenBack.has(checkpointId)) {
+      throw new CheckpointError("not_found", `checkpoint ${checkpointId} was aborted, not published: the storage refused the removal of its checkpoint.json, which is retried before the next retention`);
+    }
     let text: string;
     try {
       // The coordinator makes real directories; a link (out of the root, or to another checkpoint)
@@ -181,7 +193,8 @@ export class CheckpointCatalog {
    * Directories under the root, split into published (valid checkpoint.json) and partial ones:
    * without checkpoint.json and recognisably a checkpoint's (empty, as opened, or holding the
    * participants' directory). Any other directory is not ours (a controller may share the root) and
-   * is in neither list; nor is a link, unless it leads to a checkpoint.json (then it is damaged).
+   * is in neither list; nor is a link, unless it leads to a checkpoint.json (then it is damaged);
+   * nor is an aborted checkpoint withheld (`untakenBack`).
    * Blocking: a readdir and a stat per checkpoint; checkpoint.json is written once (renamed into
    * place), so its parse is cached until its inode, size or mtime changes, and so is a damaged
    * one's refusal. Retention scans after every publication and must not re-read every manifest each time.
@@ -190,7 +203,7 @@ export class CheckpointCatalog {
     let names: string[];
     let links: string[];
     try {
-      const idNamed = readdirSync(this.root, { withFileTypes: true }).filter((d) => CheckpointIdSchema.safeParse(d.name).success);
+      const idNamed = readdirSync(this.root, { withFileTypes: true }).filter((d) => CheckpointIdSchema.safeParse(d.name).success && !this.untakenBack.has(d.name));
       names = idNamed.filter((d) => d.isDirectory()).map((d) => d.name);
       links = idNamed.filter((d) => d.isSymbolicLink()).map((d) => d.name);
     } catch (error) {

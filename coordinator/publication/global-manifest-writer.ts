@@ -65,8 +65,10 @@ export class GlobalManifestWriter {
   private readonly inUse = new Set<string>();
   /** Checkpoints whose last publication failed, until closed or published (see discard). */
   private readonly publicationFailed = new Set<string>();
-  /** Aborted checkpoints whose checkpoint.json and directory both stayed (see takeBack). */
-  private readonly untakenBack = new Set<string>();
+  /** Aborted checkpoints whose checkpoint.json and directory both stayed (see takeBack): the catalog's, which withholds them from its readers. */
+  private get untakenBack(): Set<string> {
+    return this.catalog.untakenBack;
+  }
   private cleanup: Promise<void> = Promise.resolve();
   private latestDurable: Promise<void> = Promise.resolve();
 

@@ -20,6 +20,9 @@ import { makeEngine, writers } from "./fake-participants.js";
  *    emptied by the lost leadership: the successor listed the aborted checkpoint as published and
  *    restorable by id, and its retention counted it among the newest N, deleting an older checkpoint
  *    that was truly published in its place.
+ * 3. While the file stays (at its leader, or at a successor whose recovery could not take it back
+ *    either), `list` and `get` served it as a published checkpoint, and a retried `checkpoint` or
+ *    `publish` of its id was answered from it as published.
  */
 const faults = vi.hoisted(() => ({ on: false, dir: "" }));
 const eio = (what: string) => Object.assign(new Error(`EIO: i/o error, ${what}`), { code: "EIO", errno: -5, syscall: what.split(" ")[0] });
@@ -30,7 +33,7 @@ vi.mock("../../../coordinator/publication/durable-fs.js", async (importOriginal)
     // checkpoint.json renamed into place, then its directory's fsync fails.
     replaceSmallFileDurably: async (...args: Parameters<typeof actual.replaceSmallFileDurably>) => {
       await actual.replaceSmallFileDurably(...args);
-      if (faults.on && String(args[0]).endsWith("checkpoint.json")) throw eio(`fsync '${faults.dir}'`);
+      if (faults.on && String(args[0]) === join(faults.dir, "checkpoint.json")) throw eio(`fsync '${faults.dir}'`);
     },
   };
 });
@@ -197,5 +200,70 @@ describe("an aborted checkpoint whose checkpoint.json could not be taken back, t
     expect(first.journal.entries.has("c2")).toBe(false);
     expect((await second.engine.list()).checkpoints.map((c) => c.checkpoint_id)).toEqual(["ok1"]);
     expect([...first.fake.state].filter(([, s]) => s.checkpoint_id === "c2")).toEqual([]);
+  });
+});
+
+describe("an aborted checkpoint whose checkpoint.json is still there is never listed or served as published", () => {
+  /** ok1 and ok2 published, then c3 aborted with its checkpoint.json left: the storage refuses every way of taking it back. */
+  async function abortedC3(options: { retention: number }) {
+    const made = makeEngine(root, options);
+    await made.engine.checkpoint({ checkpoint_id: "ok1", episode_ids: null, stop: false, controller_state: null });
+    await made.engine.checkpoint({ checkpoint_id: "ok2", episode_ids: null, stop: false, controller_state: null });
+    faults.dir = join(root, "c3");
+    faults.on = true;
+    const refusal = await made.engine.checkpoint({ checkpoint_id: "c3", episode_ids: null, stop: false, controller_state: null }).then(
+      () => undefined,
+      (error: unknown) => toCheckpointError(error),
+    );
+    expect(refusal?.code).toBe("storage_error");
+    await made.writer.settled();
+    expect(existsSync(join(root, "c3", "checkpoint.json"))).toBe(true);
+    return made;
+  }
+  const refusalOf = (op: Promise<unknown>) =>
+    op.then(
+      () => undefined,
+      (error: unknown) => toCheckpointError(error),
+    );
+
+  it("at its leader: not listed, get refuses it not_found, a retried publish is refused, not answered as published", async () => {
+    const made = await abortedC3({ retention: 5 });
+    const listing = await made.engine.list();
+    expect(listing.checkpoints.map((c) => c.checkpoint_id)).toEqual(["ok2", "ok1"]);
+    expect(listing.latest).toBe("ok2");
+    expect(listing.damaged).toBeUndefined();
+    expect((await refusalOf(made.engine.get({ checkpoint_id: "c3" })))?.code).toBe("not_found");
+    expect((await refusalOf(made.engine.publish({ checkpoint_id: "c3", controller_state: null })))?.code).toBe("stale_checkpoint");
+    expect(existsSync(join(root, "c3", "checkpoint.json"))).toBe(true);
+  });
+
+  it("at its leader, the storage still refusing at the next retention: not counted among the newest", async () => {
+    const made = await abortedC3({ retention: 2 });
+    await made.engine.checkpoint({ checkpoint_id: "ok4", episode_ids: null, stop: false, controller_state: null });
+    await made.writer.settled();
+    expect(existsSync(join(root, "c3", "checkpoint.json"))).toBe(true);
+    // LATEST (ok4) and the newest published other than it (ok2): never c3 in ok2's place.
+    expect(existsSync(join(root, "ok2", "checkpoint.json"))).toBe(true);
+    expect(existsSync(join(root, "ok1"))).toBe(false);
+    expect((await made.engine.list()).checkpoints.map((c) => c.checkpoint_id)).toEqual(["ok4", "ok2"]);
+  });
+
+  it("at a successor whose recovery could not take it back either: not listed, get not_found, retried ops refused, not answered as published", async () => {
+    const first = await abortedC3({ retention: 5 });
+    first.engine.leadershipLost();
+    first.leadership.demote();
+    await first.writer.settled();
+
+    // The successor learns of it from the journal entry kept (undecided) and fails to take it back too.
+    const second = makeEngine(root, { successorOf: { fake: first.fake, journal: first.journal, clock: first.clock }, epoch: 8, requireRecovery: true, retention: 5 });
+    await second.engine.recover();
+    await second.writer.settled();
+    expect(existsSync(join(root, "c3", "checkpoint.json"))).toBe(true);
+    expect(first.journal.entries.get("c3")?.state).toBe("open");
+    expect((await second.engine.list()).checkpoints.map((c) => c.checkpoint_id)).toEqual(["ok2", "ok1"]);
+    expect((await refusalOf(second.engine.get({ checkpoint_id: "c3" })))?.code).toBe("not_found");
+    expect((await refusalOf(second.engine.checkpoint({ checkpoint_id: "c3", episode_ids: null, stop: false, controller_state: null })))?.code).toBe("stale_checkpoint");
+    expect((await refusalOf(second.engine.publish({ checkpoint_id: "c3", controller_state: null })))?.code).toBe("stale_checkpoint");
+    expect(first.journal.entries.get("c3")?.state).toBe("open");
   });
 });
