@@ -1,5 +1,5 @@
-import type { NatsConnection, Status } from "@nats-io/transport-node";
-import { jetstream, jetstreamManager, type JetStreamManager } from "@nats-io/jetstream";
+import { errors, type NatsConnection, type Status } from "@nats-io/transport-node";
+import { jetstream, jetstreamManager, type JetStreamClient, type JetStreamManager } from "@nats-io/jetstream";
 import { Kvm, type KV } from "@nats-io/kv";
 import type { Logger } from "pino";
 import {
@@ -7,7 +7,6 @@ import {
   CheckpointError,
   DeploymentSchema,
   FailureSpellLog,
-  finishedWithin,
   ErrorReplySchema,
   InstanceSchema,
   isNoResponders,
@@ -356,38 +355,53 @@ export class MembershipAnnouncer {
     this.statusWatch = undefined;
   }
 
-  /** Stops announcing and deletes the entry, waiting at most STOP_DELETE_WAIT_MS for that. */
+  /** Stops announcing and deletes the entry, within STOP_DELETE_WAIT_MS. */
   async stop(): Promise<void> {
     this.stopped = true;
     this.stopWatching();
     // Only our own entry: a process that took over keeps its announcement. Best effort: a stale
     // entry only expires with the bucket's TTL.
     if (this.isLost || !this.revision) return;
-    // A failed delete is no reason to wait either: only a delete still running is told.
-    const inTime = await finishedWithin(this.deleteOwnEntry(), STOP_DELETE_WAIT_MS).catch(() => true);
+    const inTime = await this.deleteOwnEntry(Date.now() + STOP_DELETE_WAIT_MS);
     if (!inTime) this.logger?.warn({ wait_ms: STOP_DELETE_WAIT_MS, ttl_ms: MEMBER_TTL_MS }, "membership entry not deleted in time (NATS unreachable?); it expires with the registry's TTL");
   }
 
-  private async deleteOwnEntry(): Promise<void> {
-    // Its requests wait no longer than stop() waits for them: the bucket handle's (nats.js' 5 s, or
-    // a beat's timeout) outlived stop(), and kv.delete() takes no timeout of its own. A handle of
-    // its own also covers a failed beat's dropped one; bound without a request (no account info),
-    // never creating the bucket.
-    const js = jetstream(this.nc, { timeout: STOP_DELETE_WAIT_MS, checkAPI: false });
-    const kv = await new Kvm(js).open(membersBucket(this.deployment)).catch(() => undefined);
-    if (!kv) return;
+  /**
+   * Deletes the entry if it is still ours, by `until` as a whole: each request waits only what is
+   * left, and none is sent after it. A beat in flight when stop() came may land first (the delete
+   * is refused, the entry read again, the delete sent again): bounding each request alone let those
+   * retries run on past stop(). False when time ran out; a request that failed otherwise is no
+   * reason to wait either, and counts as in time.
+   */
+  private async deleteOwnEntry(until: number): Promise<boolean> {
+    // A JetStream context per request, what is left as its timeout: kv.delete() takes none of its
+    // own, and the bucket handle's (nats.js' 5 s, or a beat's) outlived stop(). Its own handle also
+    // covers a failed beat's dropped one; bound without a request (no account info), never creating the bucket.
+    const bounded = <T>(request: (js: JetStreamClient) => Promise<T>): Promise<T> => {
+      const left = until - Date.now();
+      if (left <= 0) return Promise.reject(new errors.TimeoutError());
+      return request(jetstream(this.nc, { timeout: left, checkAPI: false }));
+    };
+    const inTime = (error: unknown) => !(error instanceof errors.TimeoutError) && Date.now() < until;
+    const bucket = membersBucket(this.deployment);
     for (let tries = 0; tries < 3; tries++) {
       try {
-        await kv.delete(this.key, { previousSeq: this.revision });
-        return;
+        await bounded(async (js) => (await new Kvm(js).open(bucket)).delete(this.key, { previousSeq: this.revision }));
+        return true;
       } catch (error) {
-        if (!isWrongRevision(error)) return;
+        if (!isWrongRevision(error)) return inTime(error);
       }
       // A heartbeat in flight landed first (a new revision): delete the entry if it is still ours.
-      const entry = await this.readLeaderEntry(await js.jetstreamManager()).catch(() => undefined);
-      if (entry?.held?.incarnation !== this.member.incarnation) return;
+      let entry: { revision: number; held: Member | undefined };
+      try {
+        entry = await bounded(async (js) => this.readLeaderEntry(await js.jetstreamManager()));
+      } catch (error) {
+        return inTime(error);
+      }
+      if (entry.held?.incarnation !== this.member.incarnation) return true;
       this.revision = entry.revision;
     }
+    return true;
   }
 }
 

@@ -1,7 +1,7 @@
 import { Kvm, type KvEntry } from "@nats-io/kv";
-import { connect, type NatsConnection } from "@nats-io/transport-node";
+import { connect, type MsgHdrs, type NatsConnection, type RequestOptions } from "@nats-io/transport-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { MembershipAnnouncer } from "../../participants/control-plane/membership-announcer.js";
+import { MembershipAnnouncer, STOP_DELETE_WAIT_MS } from "../../participants/control-plane/membership-announcer.js";
 import { memberKey, membersBucket } from "../../protocol/index.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
 import { startStallProxy, type StallProxy } from "../support/stall-proxy.js";
@@ -53,6 +53,67 @@ describe("a participant whose heartbeat put is lost on the way to NATS", () => {
       watch.stop();
       await announcer.stop();
       await nc.close();
+    }
+  });
+});
+
+/** The announcer's connection, recording each request it sends (subject, KV operation) and whether it is still waiting. */
+function recordingRequests(nc: NatsConnection): { nc: NatsConnection; requests: { subject: string; op: string | undefined; pending: boolean }[] } {
+  const requests: { subject: string; op: string | undefined; pending: boolean }[] = [];
+  const request = (subject: string, payload?: Uint8Array, opts?: RequestOptions) => {
+    const sent = { subject, op: (opts?.headers as MsgHdrs | undefined)?.get("KV-Operation") || undefined, pending: true };
+    requests.push(sent);
+    return nc.request(subject, payload, opts).finally(() => (sent.pending = false));
+  };
+  const recording = new Proxy(nc, {
+    get: (target, name) => {
+      if (name === "request") return request;
+      const value: unknown = Reflect.get(target, name, target);
+      return typeof value === "function" ? (value as (...args: unknown[]) => unknown).bind(target) : value;
+    },
+  });
+  return { nc: recording, requests };
+}
+
+// stop()'s delete of the entry is a compare-and-set on the revision last written. A beat in flight
+// when stop() came lands first: the delete is refused, the entry read again and the delete sent
+// again. Each request waited up to STOP_DELETE_WAIT_MS, but the retries as a whole were not capped:
+// on a slow NATS the re-read still waited when stop() returned at 1 s, so a request of the stop
+// outlived it (docs/protocol.md: none does), and its delete could land seconds after stop returned.
+describe("stop() whose delete a beat overtook, on a slow NATS", () => {
+  it("sends and settles all of its delete within STOP_DELETE_WAIT_MS: nothing of it outlives stop()", { timeout: 30_000 }, async () => {
+    const deployment = "annstop";
+    const key = memberKey("environment", "env0");
+    const keySubject = `$KV.${membersBucket(deployment)}.${key}`;
+    const raw: NatsConnection = await connect({ servers: proxy.url, maxReconnectAttempts: -1, reconnectTimeWait: 100 });
+    const { nc, requests } = recordingRequests(raw);
+    const announcer = new MembershipAnnouncer(nc, deployment, "environment", "env0", "inc-stop", undefined, PERIOD_MS);
+    await announcer.claim();
+    await announcer.start();
+    try {
+      // The network holds what the process sends: the next beat's put waits in the proxy.
+      proxy.stall();
+      const before = requests.length;
+      await waitUntil(() => requests.slice(before).some((r) => r.subject === keySubject && r.op === undefined), "a beat's put, held");
+      const startedAt = Date.now();
+      const stopping = announcer.stop();
+      await waitUntil(() => requests.some((r) => r.subject === keySubject && r.op === "DEL"), "stop()'s delete, held behind the beat");
+      // 400 ms later the held bytes arrive: the beat lands first and the delete is refused; what
+      // the process sends next (the entry read again) is held once more.
+      await new Promise((resolve) => setTimeout(resolve, 400));
+      proxy.heal();
+      proxy.stall();
+      await stopping;
+      const tookMs = Date.now() - startedAt;
+      const deletes = requests.filter((r) => r.subject === keySubject && r.op === "DEL");
+      expect(deletes.length).toBeGreaterThanOrEqual(1);
+      // The delete was refused and the entry read again (its read, not the delete, was held next).
+      expect(requests.some((r) => r.subject.includes(".STREAM.MSG.GET.")), "the entry read again after the refused delete").toBe(true);
+      expect(requests.filter((r) => r.pending).map((r) => r.subject), "requests of the stop still waiting when it returned").toEqual([]);
+      expect(tookMs).toBeLessThan(STOP_DELETE_WAIT_MS + 500);
+    } finally {
+      proxy.heal();
+      await raw.close();
     }
   });
 });
