@@ -464,6 +464,12 @@ export class WatchedMemberRegistry implements MembershipSource {
     return this.refusal;
   }
 
+  /**
+   * Stays false for good once the connection closed for good: right, the view is never read again.
+   * A restore clean-up does not wait on it there: its sends fail at once, the lease's next renewal
+   * (a third of lease_ms) fails and demotes, the next send is refused not_leader and the op answers
+   * outcome_unknown, which a successor completes; the daemon exits on nats_connection_closed.
+   */
   viewCurrent(): boolean {
     return !this.viewMayMissMembers();
   }
