@@ -11,9 +11,10 @@ import { canonicalRoute, climbsAboveRoot } from "./canonical-route.js";
 import { CodingWarnings } from "./coding-warnings.js";
 import type { ModelKind } from "../kinds/model/model-kind.js";
 import { ForwardedCall } from "./forwarded-call.js";
-import { upstreamHeaders } from "./hop-headers.js";
+import { requestBodyCodings, upstreamHeaders } from "./hop-headers.js";
 import { PassthroughCall } from "./passthrough-call.js";
 import { proxiedLocation } from "./redirect-location.js";
+import { decodedRequestBody } from "./request-body-coding.js";
 import { json, refuse, refuseMalformedRequest, refuseUnknownExpectationsOn } from "./replies.js";
 import type { Upstream } from "./upstream-url.js";
 
@@ -123,9 +124,13 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
     if (!isGenerationRoute(canonical)) return passthrough(req, res, route + query, relocate);
     if (!rollout) throw new CheckpointError("rollout_id_required", "generation calls must use the /ng-rollout/<capture_key>/ prefix");
     const body = await readBody(req, maxBody, finishWaitMs);
+    // A compressed body (a client that compresses its requests) is parsed decoded, and forwarded as it
+    // came, its coding named as before: the upstream reads what the caller sent.
+    const codings = requestBodyCodings(req.rawHeaders);
+    const plain = codings === undefined ? body : await decodedRequestBody(body, codings, maxBody);
     let parsed: unknown;
     try {
-      parsed = JSON.parse(body.toString("utf8"));
+      parsed = JSON.parse(plain.toString("utf8"));
     } catch {
       throw new CheckpointError("invalid_request", "the request body is not JSON");
     }

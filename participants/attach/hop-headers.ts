@@ -23,26 +23,34 @@ const HOP_BY_HOP = new Set([
 ]);
 
 /**
- * The proxy's own control headers (`x-ng-*`) in any spelling of their separators: a WSGI/CGI upstream
- * reads `x_ng_capture_key` as `x-ng-capture-key` (both `HTTP_X_NG_CAPTURE_KEY`), so an underscore
- * spelling a caller sent would pass for, or override, the one the proxy sets.
+ * The proxy's own control headers (`x-ng-*`), matched on a name's dashed spelling (`dashed`).
  */
-const CONTROL_HEADER = /^x[-_]ng[-_]/;
+const CONTROL_HEADER = /^x-ng-/;
 
-/** The header names `Connection` values list (comma-separated, any case): options of that connection only. */
-function connectionOptions(values: readonly string[]): Set<string> {
+/**
+ * A header name with `_` read as `-`, as a WSGI/CGI upstream reads it: `x_ng_capture_key` and
+ * `X-NG-Capture-Key` are both `HTTP_X_NG_CAPTURE_KEY`, `transfer_encoding` and `Transfer-Encoding` both
+ * `HTTP_TRANSFER_ENCODING`. So a caller's underscore spelling of a header the proxy drops, sets or reads
+ * the body by would pass for it (or override the proxy's): it is judged by this spelling.
+ */
+function dashed(name: string): string {
+  return name.includes("_") ? name.replaceAll("_", "-") : name;
+}
+
+/** The header names `Connection` values list (comma-separated, any case), as `spell` spells them: options of that connection only. */
+function connectionOptions(values: readonly string[], spell: (name: string) => string = (name) => name): Set<string> {
   const names = new Set<string>();
   for (const value of values) {
     for (const token of value.split(",")) {
       const name = token.trim().toLowerCase();
-      if (name) names.add(name);
+      if (name) names.add(spell(name));
     }
   }
   return names;
 }
 
-/** The codings `Transfer-Encoding` values list, in order, lower case; `identity` (see below) left out. */
-function transferCodings(values: readonly string[]): string[] {
+/** The codings `Transfer-Encoding` (or `Content-Encoding`) values list, in order, lower case; `identity` (see below) left out. */
+function listedCodings(values: readonly string[]): string[] {
   const codings = [];
   for (const value of values) {
     for (const token of value.split(",")) {
@@ -76,7 +84,7 @@ interface NextHopCoding {
  * coding (RFC 9110 §8.4.1), and urllib3 decodes one listed with another (`identity, gzip`) as deflate.
  */
 function nextHopCoding(transfer: readonly string[], content: readonly string[]): NextHopCoding {
-  const codings = transferCodings(transfer);
+  const codings = listedCodings(transfer);
   if (codings.slice(0, -1).includes("chunked")) return { unframed: true, coded: undefined };
   const others = codings.filter((coding) => coding !== "chunked");
   if (others.length === 0) return { unframed: false, coded: undefined };
@@ -85,16 +93,28 @@ function nextHopCoding(transfer: readonly string[], content: readonly string[]):
 
 /**
  * The codings an answer's body carries once the hop has removed its chunked framing: its
- * `Content-Encoding`'s, then its `Transfer-Encoding`'s others (`identity` none of them), comma-separated;
- * undefined when there are none.
+ * `Content-Encoding`'s, then its `Transfer-Encoding`'s others (`identity` none of them), comma-separated
+ * in the order applied; undefined when there are none.
  */
 export function bodyCodings(headers: IncomingHttpHeaders): string | undefined {
   if (headers["content-encoding"] === undefined && headers["transfer-encoding"] === undefined) return undefined; // every call reads it
-  const content = values(headers["content-encoding"])
-    .flatMap((value) => value.split(","))
-    .map((token) => token.trim().toLowerCase())
-    .filter((coding) => coding && coding !== "identity");
-  const codings = [...content, ...transferCodings(values(headers["transfer-encoding"])).filter((coding) => coding !== "chunked")];
+  return codingsOf(values(headers["content-encoding"]), values(headers["transfer-encoding"]));
+}
+
+/** `bodyCodings` of a request, read from its `rawHeaders` (the parsed `req.headers` is never built on the hot path). */
+export function requestBodyCodings(rawHeaders: string[]): string | undefined {
+  const content: string[] = [];
+  const transfer: string[] = [];
+  for (let i = 0; i < rawHeaders.length; i += 2) {
+    const name = rawHeaders[i]!.toLowerCase();
+    if (name === "content-encoding") content.push(rawHeaders[i + 1]!);
+    else if (name === "transfer-encoding") transfer.push(rawHeaders[i + 1]!);
+  }
+  return content.length === 0 && transfer.length === 0 ? undefined : codingsOf(content, transfer);
+}
+
+function codingsOf(content: readonly string[], transfer: readonly string[]): string | undefined {
+  const codings = [...listedCodings(content), ...listedCodings(transfer).filter((coding) => coding !== "chunked")];
   return codings.length === 0 ? undefined : codings.join(", ");
 }
 
@@ -106,7 +126,9 @@ function values(value: string | string[] | undefined): string[] {
 /**
  * The caller's headers for the upstream request, as a flat name/value list (undici's raw form):
  * read from `rawHeaders`, so the parsed `req.headers` object is never built on the hot path.
- * Caller-sent `x-ng-*` headers (also spelled with `_`) are dropped; the proxy sets its own. With `identity`, the answer is
+ * Caller-sent `x-ng-*` headers are dropped (the proxy sets its own), and every header is judged by its
+ * dashed spelling (`dashed`): `transfer_encoding`, `content_length`, `x_ng_capture_key` go the way of
+ * the dashed ones, and `content_encoding` is dropped. With `identity`, the answer is
  * asked for uncompressed (`accept-encoding: identity` instead of the caller's): the proxy reads a
  * tracked call's usage from its last bytes. A body's transfer codings other than `chunked` are named
  * in its `Content-Encoding` (undici frames the upstream hop itself and takes no `Transfer-Encoding`).
@@ -121,14 +143,16 @@ export function upstreamHeaders(rawHeaders: string[], host: string, options: { i
     else if (name === "transfer-encoding") transfer.push(rawHeaders[i + 1]!);
     else if (name === "content-encoding") content.push(rawHeaders[i + 1]!);
   }
-  const named = connectionOptions(connection);
+  const named = connectionOptions(connection, dashed);
   // (Node's server refuses a request whose framing is not its last coding: `unframed` is for answers.)
   const { unframed, coded } = nextHopCoding(transfer, content);
   const out = ["host", host];
   for (let i = 0; i < rawHeaders.length; i += 2) {
     const name = rawHeaders[i]!.toLowerCase();
-    if (HOP_BY_HOP.has(name) || named.has(name) || CONTROL_HEADER.test(name) || (options.identity && name === "accept-encoding")) continue;
-    if ((unframed || coded !== undefined) && name === "content-encoding") continue;
+    const read = dashed(name);
+    if (HOP_BY_HOP.has(read) || named.has(read) || CONTROL_HEADER.test(read) || (options.identity && read === "accept-encoding")) continue;
+    // The body's coding is the dashed header's (the proxy decodes a generation body by it, and may rename it).
+    if (read === "content-encoding" && (name !== read || unframed || coded !== undefined)) continue;
     out.push(name, rawHeaders[i + 1]!);
   }
   if (coded !== undefined) out.push("content-encoding", coded);

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { bodyCodings, callerHeaders, upstreamHeaders } from "../../../participants/attach/hop-headers.js";
+import { bodyCodings, callerHeaders, requestBodyCodings, upstreamHeaders } from "../../../participants/attach/hop-headers.js";
 import { parseListen, parseUpstream } from "../../../participants/attach/upstream-url.js";
 import { proxiedLocation } from "../../../participants/attach/redirect-location.js";
 import { climbsAboveRoot } from "../../../participants/attach/canonical-route.js";
@@ -276,6 +276,21 @@ describe("hop-by-hop headers", () => {
     const raw = ["X-NG-Capture-Key", "a", "x_ng_capture_key", "b", "X_Ng_Model_Call_Id", "c", "x-ng_parent_call_id", "d", "x_ng-continuation", "e",
       "x_ngx", "kept", "xng_y", "kept", "Content-Type", "application/json"];
     expect(upstreamHeaders(raw, "upstream:2")).toEqual(["host", "upstream:2", "x_ngx", "kept", "xng_y", "kept", "content-type", "application/json"]);
+  });
+
+  // A WSGI upstream reads `transfer_encoding` as Transfer-Encoding (HTTP_TRANSFER_ENCODING): it went upstream.
+  it("drops a caller's underscore spellings of hop-by-hop headers, of those its Connection names, and of Content-Encoding", () => {
+    const raw = ["Transfer_Encoding", "chunked", "content_length", "5", "Proxy_Authorization", "Basic eDp5", "Connection", "X_Secret", "x-secret", "s",
+      "content_encoding", "gzip", "accept_encoding", "br", "x_kept", "1", "Content-Encoding", "gzip"];
+    expect(upstreamHeaders(raw, "upstream:2")).toEqual(["host", "upstream:2", "accept_encoding", "br", "x_kept", "1", "content-encoding", "gzip"]);
+    expect(upstreamHeaders(raw, "upstream:2", { identity: true })).toEqual(["host", "upstream:2", "x_kept", "1", "content-encoding", "gzip", "accept-encoding", "identity"]);
+  });
+
+  it("reads a request's body codings from its raw headers, in the order applied", () => {
+    expect(requestBodyCodings(["Content-Type", "application/json"])).toBeUndefined();
+    expect(requestBodyCodings(["Transfer-Encoding", "chunked", "Content-Encoding", "identity"])).toBeUndefined();
+    expect(requestBodyCodings(["Content-Encoding", "GZIP"])).toBe("gzip");
+    expect(requestBodyCodings(["Transfer-Encoding", "gzip, chunked", "Content-Encoding", "br", "content-encoding", "x-gzip"])).toBe("br, x-gzip, gzip");
   });
 
   it("names a body's transfer codings other than chunked in its Content-Encoding, after the content codings, both ways", () => {
