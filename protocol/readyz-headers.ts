@@ -26,3 +26,9 @@ export function parseCoordinatorIdHeader(value: string | null | undefined): stri
     return undefined;
   }
 }
+
+/** The term an epoch header names (digits, a KV revision), or undefined (absent: no term held, or a coordinator before the header). */
+export function parseCoordinatorEpochHeader(value: string | null | undefined): number | undefined {
+  if (!value || !/^[0-9]{1,15}$/.test(value)) return undefined;
+  return Number(value);
+}

@@ -1,7 +1,7 @@
 import { constants } from "node:buffer";
 import { context, propagation } from "@opentelemetry/api";
 import { Agent, fetch } from "undici";
-import { CONTROLLER_OPS, CheckpointError, ErrorReplySchema, HEADER_COORDINATOR_ID, describeZodError, parseCoordinatorIdHeader, timeoutSignal, timerDelay, type ControllerOp, type CtlReplyOf, type CtlRequestInputOf, type CtlRequestOf } from "../../protocol/index.js";
+import { CONTROLLER_OPS, CheckpointError, ErrorReplySchema, HEADER_COORDINATOR_EPOCH, HEADER_COORDINATOR_ID, describeZodError, parseCoordinatorEpochHeader, parseCoordinatorIdHeader, timeoutSignal, timerDelay, type ControllerOp, type CtlReplyOf, type CtlRequestInputOf, type CtlRequestOf } from "../../protocol/index.js";
 import { readCappedText } from "../../protocol/capped-body.js";
 import { UNTIMED_DISPATCHER } from "../../protocol/untimed-dispatcher.js";
 import { httpRoute } from "../api/openapi.js";
@@ -69,6 +69,17 @@ const STOPPING_WAIT_MS = MAX_STOP_GRACE_MS + 60_000;
  * API's own 503 `not_leader` does.
  */
 const UNREACHABLE_VIA_GATEWAY = new Set([502, 503]);
+
+/**
+ * A `/readyz` cut by the coordinator closing its connections as its stop begins (one written on a
+ * kept-alive connection as the stop closes it: undici's "other side closed"), or reset as its
+ * listener closes: the same stop as a refused connection. A frozen or partitioned coordinator
+ * resets nothing; its checks time out.
+ */
+function closedAsStopping(error: unknown): boolean {
+  const code = ((error as { cause?: { code?: unknown } } | null)?.cause)?.code;
+  return code === "ECONNRESET" || code === "UND_ERR_SOCKET";
+}
 
 /**
  * The base URL must be http(s) without credentials (fetch refuses them): `127.0.0.1:8480` or
@@ -193,18 +204,27 @@ export class HttpControllerClient extends ControllerClient {
    * the op, or taken from a read sent at most LEASE_READ_REUSE_MS before it, as the NATS client
    * reads the lease; one read failing or refused then, the first ready answer later. The checks
    * start beside the op (`first` now) or one period after it was sent. A refusal naming another
-   * coordinator (a standby behind the same balancer), or naming one while the op's is not known yet,
-   * says nothing about the op: neither a failure nor a success, the op's own deadline bounds the
-   * wait. A refusal naming none (a coordinator before that header) counts as the op's coordinator's.
-   * A `/readyz` whose connection is refused, or a proxy's 502/503 for it, is no failure (see
-   * STOPPING_WAIT_MS): the coordinator closed its listener to stop gracefully, and answers the op or
-   * exits, which drops the op's connection.
+   * coordinator (a standby behind the same balancer) says nothing about the op: neither a failure
+   * nor a success, the op's own deadline bounds the wait. So does one naming a coordinator while the
+   * op's is not known yet, unless it names a term too (HEADER_COORDINATOR_EPOCH: that coordinator
+   * holds the lease without serving, so no ready leader serves, whoever took the op): a failure, and
+   * that term, ready later, did not take the op (a ready leader took it; see `unserving`). A refusal
+   * naming none (a coordinator before that header) counts as the op's coordinator's. A `/readyz`
+   * whose connection is refused or reset as it closes, or a proxy's 502/503 for it, is no failure
+   * (see STOPPING_WAIT_MS): the coordinator closes its connections and listener to stop gracefully,
+   * and answers the op or exits, which drops the op's connection.
    */
   private watchReadiness(answered: AbortSignal, lose: (error: CheckpointError) => void, first: "now" | "later"): void {
     let failures = 0;
     const sentAt = performance.now();
     const kept = this.lastReady && sentAt - this.lastReady.askedAt < LEASE_READ_REUSE_MS ? this.lastReady : undefined;
     let took: ReadyLeader | undefined = kept?.leader;
+    // Terms seen holding the lease without serving since the op was sent, while its coordinator was
+    // not known: ready later, such a term is a successor that did not serve yet (a new leader waits a
+    // lease period and recovers first), never the ready leader that took the op, as the NATS client
+    // reads a lease that did not serve yet. (A term whose renewal lapsed and then landed serves again:
+    // its op ends so too, safely, since a retry gets its answer.)
+    const unserving = new Set<number>();
     let unreachableSince: number | undefined;
     const lost = (why: string) => new CheckpointError("outcome_unknown", `the coordinator at ${this.options.baseUrl} ${why} before it answered; retry the op to learn its outcome`);
     const everyMs = this.options.readyCheckMs ?? 5_000;
@@ -221,13 +241,13 @@ export class HttpControllerClient extends ControllerClient {
           // Read up to the cap (a proxy's 503 may be endless), to tell the API's own refusal from a proxy's.
           if (UNREACHABLE_VIA_GATEWAY.has(response.status)) {
             const text = await readCappedText(response, MAX_READYZ_REPLY_BYTES, "/readyz").catch(() => "");
-            return isRefusal(text) ? { ready: false, refusedBy: answeredBy } : "unreachable";
+            return isRefusal(text) ? { ready: false, refusedBy: answeredBy, heldEpoch: parseCoordinatorEpochHeader(response.headers.get(HEADER_COORDINATOR_EPOCH)) } : "unreachable";
           }
           // Any other refusal's body is not read at all (cancelled, closing the connection).
           await response.body?.cancel().catch(() => undefined);
           return undefined;
         })
-        .catch((error: unknown) => (neverSentCode(error) === "ECONNREFUSED" ? ("unreachable" as const) : undefined))
+        .catch((error: unknown) => (neverSentCode(error) === "ECONNREFUSED" || closedAsStopping(error) ? ("unreachable" as const) : undefined))
         .finally(() => checkTimeout.clear());
       const leader = readyLeaderOf(answer);
       if (leader) this.lastReady = { leader, askedAt };
@@ -236,26 +256,38 @@ export class HttpControllerClient extends ControllerClient {
     // Who led as the op was sent: the first check when it is asked now. Not a check itself (one
     // period later, as before, is the first that can fail the op): a `status` a follower answers
     // is refused by its /readyz all along.
-    const asSent = kept || first === "now" ? undefined : readyz().then((answer) => void (took ??= readyLeaderOf(answer)));
+    const asSent =
+      kept || first === "now"
+        ? undefined
+        : readyz().then((answer) => {
+            took ??= readyLeaderOf(answer);
+            if (took === undefined && typeof answer === "object" && !answer.ready && answer.heldEpoch !== undefined) unserving.add(answer.heldEpoch);
+          });
     const check = async () => {
       await asSent;
       const answer = await readyz();
       if (answer === "unreachable") {
         unreachableSince ??= performance.now();
         failures = 0;
-        return performance.now() - unreachableSince >= STOPPING_WAIT_MS ? lost(`was unreachable (refused connections, or a proxy could not reach it) for ${Math.round(STOPPING_WAIT_MS / 1000)} s, longer than any stop takes,`) : undefined;
+        return performance.now() - unreachableSince >= STOPPING_WAIT_MS ? lost(`was unreachable (refused or reset connections, or a proxy could not reach it) for ${Math.round(STOPPING_WAIT_MS / 1000)} s, longer than any stop takes,`) : undefined;
       }
       unreachableSince = undefined;
       const leader = readyLeaderOf(answer);
       if (leader) {
         if (took !== undefined && leader.epoch !== took.epoch) return lost(`changed leader (epoch ${String(took.epoch)}, now ${String(leader.epoch)})`);
+        if (took === undefined && typeof leader.epoch === "number" && unserving.has(leader.epoch)) {
+          return lost(`changed leader (coordinator ${leader.id ?? "(unnamed)"} leads in epoch ${leader.epoch}, a term that did not serve yet after the op was sent)`);
+        }
         took ??= leader;
         failures = 0;
         return undefined;
       }
-      // Another coordinator's refusal, or one while the op's is unknown: no word on the op's.
-      const refusedBy = answer?.ready === false ? answer.refusedBy : undefined;
-      if (refusedBy !== undefined && refusedBy !== took?.id) return undefined;
+      // Another coordinator's refusal, or a standby's while the op's is unknown: no word on the op's.
+      const refusal = answer?.ready === false ? answer : undefined;
+      if (refusal?.refusedBy !== undefined && refusal.refusedBy !== took?.id) {
+        if (took !== undefined || refusal.heldEpoch === undefined) return undefined;
+        unserving.add(refusal.heldEpoch);
+      }
       failures += 1;
       const who = took?.id === undefined ? "" : ` (coordinator ${took.id})`;
       return failures >= READY_FAILURES ? lost(`stopped being the ready leader${who}`) : undefined;
@@ -379,10 +411,10 @@ interface ReadyLeader {
 
 /**
  * A `/readyz` answer: ready (naming the leader), the API's refusal (naming the coordinator that
- * refused, when it does), a stop in progress ("unreachable", see STOPPING_WAIT_MS), or none
+ * refused and the term it holds, when it does), a stop in progress ("unreachable", see STOPPING_WAIT_MS), or none
  * (undefined: no answer in time, another status, a body past the cap).
  */
-type ReadyzAnswer = { ready: true; leader: ReadyLeader } | { ready: false; refusedBy: string | undefined } | "unreachable" | undefined;
+type ReadyzAnswer = { ready: true; leader: ReadyLeader } | { ready: false; refusedBy: string | undefined; heldEpoch: number | undefined } | "unreachable" | undefined;
 
 /** The leader a ready answer names; undefined for any other answer. */
 function readyLeaderOf(answer: ReadyzAnswer): ReadyLeader | undefined {

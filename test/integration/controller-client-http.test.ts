@@ -196,15 +196,65 @@ describe("HTTP controller client", () => {
     expect(settled).toMatchObject({ code: "outcome_unknown", message: expect.stringContaining("stopped being the ready leader (coordinator coord-a)") });
   });
 
-  // Refusals naming a coordinator before any check named the op's say nothing about it: the op's own
-  // deadline bounds the wait (a balancer keeping the client's checks on a standby's connection).
-  it("refusals naming a coordinator while the op's is not known yet leave the op to its deadline", async () => {
+  // Refusals of a standby (a coordinator holding no term: no epoch header) before any check named the
+  // op's say nothing about it: the op's own deadline bounds the wait (a balancer keeping the client's
+  // checks on a standby's connection while the leader runs the op).
+  it("a standby's refusals while the op's coordinator is not known yet leave the op to its deadline", async () => {
     const url = await listen((req, res) => {
       if (req.url !== "/readyz") return; // the op: never answered
       res.writeHead(503, { "content-type": "application/json", [HEADER_COORDINATOR_ID]: "coord-b" }).end(NOT_LEADER);
     });
     const client = new HttpControllerClient({ baseUrl: url, token: "t", readyCheckMs: 100, slackMs: 500 });
     await expect(client.commit({ checkpoint_id: "lb2", episode_ids: [], deadline_ts: Date.now() / 1000 + 1.5 })).rejects.toMatchObject({ code: "outcome_unknown", message: expect.stringContaining("no reply from /v1/commit") });
+  });
+
+  // While the op's coordinator was not known (the check beside the op reached a standby), every
+  // refusal naming a coordinator was ignored: an op whose coordinator froze behind a balancer that
+  // took it out waited out its deadline, through the standby's election (its refusals now naming the
+  // term it holds) and past it (its first ready answer was taken for the op's coordinator). A refusal
+  // naming a term (Gym-Coordinator-Epoch) is the lease holder's, not serving: a failure whoever took
+  // the op, and that term, ready later, is not the one that took it.
+  it.each([
+    ["the new leader's first ready answer", ["standby", "holder", "ready"], "coordinator coord-b leads in epoch 9, a term that did not serve yet after the op was sent"],
+    ["two refusals of a leader not ready", ["standby", "holder", "holder"], "stopped being the ready leader"],
+  ])("refusals naming a term while the op's coordinator is not known yet end the op before its deadline: %s", async (_what, answers, why) => {
+    let checks = 0;
+    const url = await listen((req, res) => {
+      if (req.url !== "/readyz") return; // the op: never answered (its coordinator froze)
+      const answer = answers[Math.min(checks++, answers.length - 1)];
+      if (answer === "ready") return void res.writeHead(200, { "content-type": "application/json", [HEADER_COORDINATOR_ID]: "coord-b", [HEADER_COORDINATOR_EPOCH]: "9" }).end(JSON.stringify({ ok: true, epoch: 9 }));
+      res.writeHead(503, { "content-type": "application/json", [HEADER_COORDINATOR_ID]: "coord-b", ...(answer === "holder" ? { [HEADER_COORDINATOR_EPOCH]: "9" } : {}) }).end(NOT_LEADER);
+    });
+    const client = new HttpControllerClient({ baseUrl: url, token: "t", readyCheckMs: 200 });
+    const startedAt = performance.now();
+    await expect(client.commit({ checkpoint_id: "lb3", episode_ids: [], deadline_ts: Date.now() / 1000 + 30 })).rejects.toMatchObject({ code: "outcome_unknown", message: expect.stringContaining(why) });
+    expect(performance.now() - startedAt).toBeLessThan(10_000);
+  });
+
+  // A /readyz cut by a reset as the coordinator's stop closes its connections and listener (a check
+  // written on a kept-alive connection the stop closed, or one connecting as the listener closes)
+  // counted as a failed check: with the stopping coordinator's 503 on the connection it still served,
+  // two failures ended the op under way there outcome_unknown, although its answer was coming.
+  it("a /readyz reset as the coordinator stops counts like a refused connection, not a failed check", async () => {
+    let checks = 0;
+    let resets = 0;
+    const url = await listen((req, res) => {
+      if (req.url !== "/readyz") return; // the op: under way, answered later
+      checks += 1;
+      if (checks === 1) return void res.writeHead(200, { "content-type": "application/json", [HEADER_COORDINATOR_ID]: "coord-a", [HEADER_COORDINATOR_EPOCH]: "3" }).end(JSON.stringify({ ok: true, epoch: 3 }));
+      // The stop began: its 503 on a connection still served, then resets.
+      if (checks === 2) return void res.writeHead(503, { "content-type": "application/json", [HEADER_COORDINATOR_ID]: "coord-a", [HEADER_COORDINATOR_EPOCH]: "3" }).end(NOT_LEADER);
+      req.socket.resetAndDestroy();
+      resets += 1;
+    });
+    const client = new HttpControllerClient({ baseUrl: url, token: "t", readyCheckMs: 200 });
+    let settled: unknown = "pending";
+    void client.commit({ checkpoint_id: "g2", episode_ids: [], deadline_ts: Date.now() / 1000 + 30 }).then(
+      (reply) => (settled = reply),
+      (error: unknown) => (settled = error),
+    );
+    await waitUntil(() => resets >= 6 || settled !== "pending", "six /readyz checks reset");
+    expect(settled).toBe("pending");
   });
 
   // The epoch an op was compared against was the first /readyz answer during its wait, asked one
