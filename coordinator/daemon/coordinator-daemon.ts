@@ -106,6 +106,7 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
     }, config.nats.connect_wait_ms, { unreachable: "not_leader", consequence: "this coordinator cannot start until NATS is reachable (a supervisor restarts it)" }, logger));
   let stopped = false;
   void logNatsStatus(nc.status(), logger, () => stopped);
+  const catalog = new CheckpointCatalog(config.checkpoint_root, ROOT_DEPLOYMENT_FILE);
   let registry: WatchedMemberRegistry | undefined;
   let journal: KvDecisionJournal;
   try {
@@ -113,14 +114,17 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
     // Asserted again whenever the registry reads the bucket afresh (a reconnect, a re-created bucket).
     registry = new WatchedMemberRegistry(membersKv, logger, clock, MEMBER_TTL_MS, MEMBER_HEARTBEAT_MS, () => openMembersBucket(nc, config.deployment));
     await registry.start();
-    journal = await KvDecisionJournal.open(nc, config.deployment, logger);
+    // A restore's outcome record stays while its checkpoint does (the root must be held to tell).
+    journal = await KvDecisionJournal.open(nc, config.deployment, logger, undefined, (id) => {
+      catalog.assertRootHeld();
+      return catalog.has(id);
+    });
   } catch (error) {
     // A connection left open would keep the process alive after the refusal is printed.
     registry?.stop();
     if (ownsConnection) await nc.close().catch(() => undefined);
     throw error;
   }
-  const catalog = new CheckpointCatalog(config.checkpoint_root, ROOT_DEPLOYMENT_FILE);
   let natsApi!: NatsControllerApi;
   let readyResolve!: () => void;
   const ready = new Promise<void>((resolve) => (readyResolve = resolve));

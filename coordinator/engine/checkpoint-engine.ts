@@ -109,6 +109,12 @@ interface OpenCheckpoint {
    */
   manifestDigests?: Map<string, string>;
   /**
+   * A restore's (opened here): how the id's previous restore settled, as the journal recorded it
+   * when this one opened. This restore's entry takes that record's place; removed after this one
+   * changed nothing (refused everywhere, or its write failed), it writes the record back.
+   */
+  outcomeBefore?: RestoreOutcome;
+  /**
    * The members any prepare of this checkpoint was sent (a prepare that stopped at a stage: its
    * stages up to that one): the later stages' members are idle, and a renew there would be
    * refused. Every member once a prepare went through; unset for a recovered checkpoint (all).
@@ -538,17 +544,11 @@ export class CheckpointEngine {
    * of an earlier term at best, and a successor may have restored the id since, or cleaned a
    * restore of it up. Restored: a failure remembered here is an earlier restore's, forgotten (the
    * retry releases whoever still holds it, else succeeds). Cleaned up: answered restore_failed as
-   * if the clean-up ran here. No record (none written, or compacted after a day): memory as before.
+   * if the clean-up ran here. No record (none written, or compacted once retention deleted the checkpoint): memory as before.
    * The journal unreadable: `outcome_unknown`, nothing changed, rather than guess either way.
    */
   private async learnRestoreOutcome(id: string): Promise<void> {
-    const outcome = await this.options.journal.restoreOutcome(id).catch((error: unknown) => {
-      throw new CheckpointError(
-        "outcome_unknown",
-        `checkpoint ${id}: the decision journal could not be read to learn whether another leader restored it since this coordinator last led (${error instanceof Error ? error.message : String(error)}); retry the resume`,
-        { cause: error },
-      );
-    });
+    const outcome = await this.journaledRestoreOutcome(id, `checkpoint ${id}`, "nothing was sent; retry the resume");
     if (outcome === undefined) return;
     this.checkpointLog(id).info({ outcome, remembered_failure: this.restoreFailures.has(id) }, "resume_restore_outcome_from_journal");
     // Closed (by whichever leader settled it): fenced for a prepare, and a retry asks its holders (releaseHolders).
@@ -561,6 +561,20 @@ export class CheckpointEngine {
     if (!this.restoreFailures.has(id)) {
       this.restoreFailures.set(id, `the restore of checkpoint ${id} was cleaned up by another leader (attempt+1 retired where it may have been installed, everyone resumed): restart those rollouts from input`);
     }
+  }
+
+  /**
+   * The journal's record of how the id's last restore settled (DecisionJournal.restoreOutcome).
+   * Unreadable: `outcome_unknown` (`what`, then `then`), as the op changed nothing yet.
+   */
+  private journaledRestoreOutcome(id: string, what: string, then: string): Promise<RestoreOutcome | undefined> {
+    return this.options.journal.restoreOutcome(id).catch((error: unknown) => {
+      throw new CheckpointError(
+        "outcome_unknown",
+        `${what}: the decision journal could not be read to learn how a restore of it last settled, possibly by another leader (${error instanceof Error ? error.message : String(error)}); ${then}`,
+        { cause: error },
+      );
+    });
   }
 
   /**
@@ -778,6 +792,8 @@ export class CheckpointEngine {
       const longest = "x".repeat(MAX_INCARNATION_CHARS);
       this.assertJournalable({ ...open, incarnations: new Map(members.map((m) => [memberKey(m.kind, m.instance), longest])) }, "resuming");
       assertCleanupRetireFits(open, deadlineMs);
+      // The entry of a published checkpoint nobody resumed holds the key: no record there.
+      if (!unresumed) open.outcomeBefore = await this.journaledRestoreOutcome(id, `restore of checkpoint ${id}`, "nothing was sent; send the restore again");
       // Closed before the restore's write, so its entry's removal yields to that write.
       const wasClosed = this.closed.get(id);
       if (unresumed && this.open === unresumed) this.close(id);
@@ -800,7 +816,7 @@ export class CheckpointEngine {
           else this.closed.set(id, wasClosed);
           this.journal(unresumed, "decided").catch((cause: unknown) => this.checkpointLog(id).warn({ err: cause }, "restore_unjournaled_entry_not_put_back"));
         } else {
-          void this.options.writer.durable().then(() => this.removeEntry(id, writes, term), () => this.entryKept(id, writes));
+          void this.options.writer.durable().then(() => this.removeEntry(id, writes, term, open.outcomeBefore), () => this.entryKept(id, writes));
         }
         throw refusal;
       });
@@ -2074,7 +2090,8 @@ export class CheckpointEngine {
     // Not close(): the id is left as it was (closed or not), not fenced here by a restore that did nothing.
     if (this.open === open) this.open = undefined;
     putBack();
-    const removal = this.removeEntry(open.id, this.journalWrites.get(open.id), this.leaderTerm);
+    // It changed nothing: an earlier restore's record stays as it was.
+    const removal = this.removeEntry(open.id, this.journalWrites.get(open.id), this.leaderTerm, open.outcomeBefore);
     await this.entryRemoved(
       open.id,
       removal,

@@ -132,7 +132,8 @@ export interface DecisionJournal {
   list(): Promise<JournalEntry[]>;
   /**
    * How the last restore of the id settled, as the removal of its entry recorded it; undefined when
-   * the key holds an entry, nothing, a plain removal's marker, or the record was compacted away.
+   * the key holds an entry, nothing, a plain removal's marker, or the record was compacted away
+   * (its checkpoint deleted by retention).
    */
   restoreOutcome(checkpointId: string): Promise<RestoreOutcome | undefined>;
 }
@@ -149,13 +150,11 @@ function holds(doubt: Doubt | undefined, now: { removed: boolean; value: () => s
   return now !== null && !now.removed && now.value() === doubt;
 }
 
-/** How long a removed entry's purge marker stays before compaction drops it. */
-const MARKER_KEEP_MS = 30 * 60_000;
 /**
- * How long a restore's marker, which records its outcome, stays: a controller retrying its resume
- * at a coordinator that led before may come a while later, and restores are rare.
+ * How long a removed entry's purge marker stays before compaction drops it. A restore's marker,
+ * which records its outcome, stays longer: see KvDecisionJournal.open's `inCatalog`.
  */
-const OUTCOME_KEEP_MS = 24 * 60 * 60_000;
+const MARKER_KEEP_MS = 30 * 60_000;
 /** A long-lived leader compacts every this many removals (a recovery's listing also does). */
 const COMPACT_EVERY_REMOVALS = 128;
 
@@ -186,24 +185,35 @@ export class KvDecisionJournal implements DecisionJournal {
     private readonly nc: NatsConnection,
     private readonly bucket: string,
     private readonly kv: KV,
-    private readonly options: { logger?: Logger; markerKeepMs: number; outcomeKeepMs: number },
+    private readonly options: { logger?: Logger; markerKeepMs: number; inCatalog?: (checkpointId: string) => boolean },
   ) {}
 
   /**
-   * `markerKeepMs`: how long a removed entry's purge marker stays (default 30 min); `outcomeKeepMs`:
-   * one that records a restore's outcome (default 24 h, never less than `markerKeepMs`).
+   * `markerKeepMs`: how long a removed entry's purge marker stays (default 30 min). One that records
+   * a restore's outcome stays, however old, for as long as `inCatalog` says the checkpoint is there
+   * (retention has not deleted it): while it is, the id can be restored again and a resume of it
+   * retried, and a leader without the record would answer from a memory a successor's restore may
+   * have outdated. A throw (the storage unmounted) tells nothing: kept. Without `inCatalog` (a tool,
+   * which cannot tell), every such record is kept.
    */
-  static async open(nc: NatsConnection, deployment: string, logger?: Logger, markerKeepMs = MARKER_KEEP_MS, outcomeKeepMs = OUTCOME_KEEP_MS): Promise<KvDecisionJournal> {
+  static async open(
+    nc: NatsConnection,
+    deployment: string,
+    logger?: Logger,
+    markerKeepMs = MARKER_KEEP_MS,
+    inCatalog?: (checkpointId: string) => boolean,
+  ): Promise<KvDecisionJournal> {
     const bucket = journalBucket(deployment);
     // Entries are removed by kv.purge and their markers dropped by stream purges: see remove, compactMarkers.
     const kv = await openBucketAsserted(nc, bucket, { history: 1, ttl: 0, purges: "keys" });
     // Every read asks the stream's leader: in an R3 bucket a direct get may be answered by a replica
     // that lags, whose copy would have a recovery miss a decided entry (presumed abort), act on one
     // removed, or write against a stale revision (refused not_leader), and a removal's read-back
-    // take an entry still there for removed. The journal is read at recovery and after a lost
-    // acknowledgement only, so the leader's load stays small.
+    // take an entry still there for removed. The journal is read at recovery, after a lost
+    // acknowledgement, and for a restore's outcome record (restoreOutcome: restores are rare), so
+    // the leader's load stays small.
     readsFromStreamLeader(kv);
-    return new KvDecisionJournal(nc, bucket, kv, { logger: logger?.child({ module: "journal" }), markerKeepMs, outcomeKeepMs: Math.max(markerKeepMs, outcomeKeepMs) });
+    return new KvDecisionJournal(nc, bucket, kv, { logger: logger?.child({ module: "journal" }), markerKeepMs, inCatalog });
   }
 
   private get logger(): Logger | undefined {
@@ -212,7 +222,8 @@ export class KvDecisionJournal implements DecisionJournal {
 
   /**
    * Drops the purge markers removed entries left (one per closed checkpoint, for ever in a bucket
-   * without TTL, and walked by every recovery's listing) once older than `markerKeepMs`. Each is
+   * without TTL, and walked by every recovery's listing) once older than `markerKeepMs`; a
+   * restore's (its outcome record) only once its checkpoint also left the catalog. Each is
    * purged up to its own revision only, so a later write of the same key (a restore of that id)
    * survives; a deposed leader's write naming an older revision is still refused, as the key's
    * revision no longer matches. Runs once at a time, in the background; a failure is logged.
@@ -226,13 +237,26 @@ export class KvDecisionJournal implements DecisionJournal {
 
   private async dropOldMarkers(): Promise<void> {
     const now = Date.now();
-    // A restore's marker (it has a body: its outcome) stays longer; restores are rare, so few of them.
-    const keptFor = (e: KvEntry) => (e.length > 0 ? this.options.outcomeKeepMs : this.options.markerKeepMs);
-    const old = (await latestEntries(this.kv)).filter((e) => e.operation !== "PUT" && e.created.getTime() <= now - keptFor(e));
+    // A restore's marker (it has a body: its outcome) also waits for its checkpoint to leave the catalog.
+    const old = (await latestEntries(this.kv)).filter(
+      (e) => e.operation !== "PUT" && e.created.getTime() <= now - this.options.markerKeepMs && (e.length === 0 || this.checkpointGone(e.key)),
+    );
     if (old.length === 0) return;
     const jsm = await jetstreamManager(this.nc);
     for (const { key, revision } of old) await jsm.streams.purge(`KV_${this.bucket}`, { filter: `$KV.${this.bucket}.${key}`, seq: revision + 1 });
     this.logger?.info({ markers: old.length }, "journal_markers_dropped");
+  }
+
+  /** Whether a restore's outcome record may go: its checkpoint left the catalog (see open). */
+  private checkpointGone(key: string): boolean {
+    const { inCatalog } = this.options;
+    if (!inCatalog) return false;
+    try {
+      return !inCatalog(key);
+    } catch (error) {
+      this.logger?.warn({ key, err: error }, "journal_restore_outcome_kept_catalog_unreadable");
+      return false;
+    }
   }
 
   async record(entry: JournalEntry): Promise<void> {

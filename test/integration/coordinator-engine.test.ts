@@ -367,6 +367,26 @@ describe("coordinator over a real nats-server with participants of all four kind
     }
   });
 
+  // A refused restore changed nothing: before, its entry's plain removal overwrote the record of
+  // how the id's earlier restore settled, and a later leader answered that restore's retried resume
+  // from memory again (docs/api.md, resume).
+  it("a restore every participant refuses leaves the journal's record of the id's earlier restore (restored) as it was", async () => {
+    for (const instance of ["env1", "policy", "agent1"]) world.participant(instance).adapter.addEpisode({ rollout_id: "rk1", attempt: 0 }, { n: 1 });
+    await world.client.checkpoint({ checkpoint_id: "base-rk" });
+    await world.stopParticipants();
+    await world.startParticipants();
+    await viewShowsEveryone();
+    const scope = [{ rollout_id: "rk1", attempt: 0 }];
+    await world.client.restore({ checkpoint_id: "base-rk", episode_ids: scope });
+    await world.client.resume({ checkpoint_id: "base-rk" });
+    const journal = await KvDecisionJournal.open(world.pnc, world.deployment);
+    expect(await journal.restoreOutcome("base-rk")).toBe("restored");
+    // Restored again into the processes that resumed from it: each refuses, nothing installed.
+    expect((await refusal(world.client.restore({ checkpoint_id: "base-rk", episode_ids: scope }))).code).toBe("stale_checkpoint");
+    expect((await journal.list()).map((e) => e.checkpoint_id)).not.toContain("base-rk");
+    expect(await journal.restoreOutcome("base-rk")).toBe("restored");
+  });
+
   it("a restore of a checkpoint the same processes already resumed from: every one refuses it stale_checkpoint, answered as that refusal; nothing retired, resumed or journaled, and its resume still succeeds", async () => {
     for (const instance of ["env1", "policy", "agent1"]) world.participant(instance).adapter.addEpisode({ rollout_id: "sr1", attempt: 0 }, { n: 1 });
     await world.client.checkpoint({ checkpoint_id: "base-sr" });

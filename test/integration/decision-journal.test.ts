@@ -3,7 +3,7 @@ import { jetstreamManager } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
 import { connect } from "@nats-io/transport-node";
 import { pino } from "pino";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { KvDecisionJournal, type JournalEntry } from "../../coordinator/ha/decision-journal.js";
 import { journalBucket } from "../../protocol/index.js";
 import { journalEntry } from "../unit/coordinator/fake-participants.js";
@@ -434,18 +434,41 @@ describe("KV decision journal: a restore's outcome", () => {
     expect(await b.restoreOutcome("c3")).toBeUndefined();
   });
 
-  it("outlives the plain markers' compaction, and goes once older than its own keep period", async () => {
-    const journal = await KvDecisionJournal.open(nats.nc, "joutkeep", undefined, 0);
+  // Before, it went after 24 hours whatever became of its checkpoint, and a leader answered that
+  // restore's retried resume from its memory again, which a successor's restore may have outdated.
+  it("outlives the plain markers' compaction for as long as its checkpoint is in the catalog, however old; goes once retention deleted it", async () => {
+    const published = new Set(["c1"]);
+    let unmounted = false;
+    const inCatalog = (id: string) => {
+      if (unmounted) throw new Error("checkpoint root not mounted (scripted)");
+      return published.has(id);
+    };
+    const journal = await KvDecisionJournal.open(nats.nc, "joutkeep", undefined, 0, inCatalog);
     await journal.record(journalEntry({ checkpoint_id: "c1", state: "restore_cleanup", participants: [e1] }));
     await journal.record(journalEntry({ checkpoint_id: "c2", state: "decided", participants: [e1] }));
     await journal.remove("c1", "restore_failed");
     await journal.remove("c2");
-    await journal.compactMarkers();
-    expect(await messages("joutkeep")).toBe(1);
-    expect(await journal.restoreOutcome("c1")).toBe("restore_failed");
-    const later = await KvDecisionJournal.open(nats.nc, "joutkeep", undefined, 0, 0);
-    await later.compactMarkers();
-    expect(await messages("joutkeep")).toBe(0);
-    expect(await later.restoreOutcome("c1")).toBeUndefined();
+    // Two days on (the clock markers age by; the server's timestamps stay as they were).
+    vi.useFakeTimers({ toFake: ["Date"] });
+    vi.setSystemTime(Date.now() + 2 * 24 * 60 * 60_000);
+    try {
+      await journal.compactMarkers();
+      expect(await messages("joutkeep")).toBe(1);
+      expect(await journal.restoreOutcome("c1")).toBe("restore_failed");
+      // A journal that cannot ask the catalog (a tool's) keeps every record.
+      await (await KvDecisionJournal.open(nats.nc, "joutkeep", undefined, 0)).compactMarkers();
+      expect(await messages("joutkeep")).toBe(1);
+      // Retention deleted c1; a catalog that cannot be read (its storage unmounted) tells nothing.
+      published.delete("c1");
+      unmounted = true;
+      await journal.compactMarkers();
+      expect(await messages("joutkeep")).toBe(1);
+      unmounted = false;
+      await journal.compactMarkers();
+      expect(await messages("joutkeep")).toBe(0);
+      expect(await journal.restoreOutcome("c1")).toBeUndefined();
+    } finally {
+      vi.useRealTimers();
+    }
   });
 });

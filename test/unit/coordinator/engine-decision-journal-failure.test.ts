@@ -131,6 +131,40 @@ describe("a restore, or a restored checkpoint's resume, whose journal write fail
       await journalEmptied(journal);
     });
 
+    // Nothing was sent, so nothing changed: before, the landed entry's plain removal erased the
+    // record of how the id's earlier restore settled (the journal's restoreOutcome).
+    it(`restore of an id restored before (the write ${landed ? "landed" : "lost"}): the record of that earlier restore stays`, async () => {
+      const { engine, journal } = makeEngine(root);
+      await engine.checkpoint({ checkpoint_id: "base", episode_ids: null, stop: false, controller_state: null });
+      await engine.restore({ checkpoint_id: "base", episode_ids: R1 });
+      await engine.resume({ checkpoint_id: "base" });
+      expect(await journal.restoreOutcome("base")).toBe("restored");
+      failState(journal, "restoring", landed);
+      expect((await answered(engine.restore({ checkpoint_id: "base", episode_ids: R1 }))).code).toBe("outcome_unknown");
+      await journalEmptied(journal);
+      expect(await journal.restoreOutcome("base")).toBe("restored");
+    });
+
+    if (!landed) {
+      it("restore whose read of the id's earlier restore record fails: nothing sent, written or opened, outcome_unknown; the retry restores", async () => {
+        const { engine, fake, journal } = makeEngine(root);
+        await engine.checkpoint({ checkpoint_id: "base", episode_ids: null, stop: false, controller_state: null });
+        await journalEmptied(journal);
+        const read = journal.restoreOutcome.bind(journal);
+        journal.restoreOutcome = async () => {
+          throw new Error("TIMEOUT");
+        };
+        const writes = journal.log.length;
+        const error = await answered(engine.restore({ checkpoint_id: "base", episode_ids: R1 }));
+        expect(error).toMatchObject({ code: "outcome_unknown", message: expect.stringContaining("nothing was sent; send the restore again") });
+        expect(fake.ops("restore")).toHaveLength(0);
+        expect(journal.log).toHaveLength(writes);
+        expect(engine.openCheckpoint).toBeNull();
+        journal.restoreOutcome = read;
+        expect(await engine.restore({ checkpoint_id: "base", episode_ids: R1 })).toMatchObject({ checkpoint_id: "base" });
+      });
+    }
+
     it(`restore of the published checkpoint nobody resumed (the write ${landed ? "landed" : "lost"}): it stays open as published, its entry as it was`, async () => {
       const { engine, fake, journal } = makeEngine(root);
       await engine.prepare({ checkpoint_id: "pub" });
