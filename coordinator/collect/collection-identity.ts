@@ -1,5 +1,6 @@
 import { realpath, stat } from "node:fs/promises";
 import { basename, dirname, join } from "node:path";
+import { z } from "zod";
 import { CheckpointError } from "../../protocol/index.js";
 
 /**
@@ -15,6 +16,35 @@ export interface CollectionIdentity {
   out: string;
   /** --rollout-id-prefix, "" for none. */
   rolloutIdPrefix: string;
+}
+
+/** A path as the collector resolved it (PATH_MAX). */
+export const LoggedPathSchema = z.string().min(1).max(4096);
+export const RolloutIdPrefixSchema = z.string().min(1).max(200);
+
+/**
+ * A collection as its files name it (dispatched.jsonl's header, collection.json): `tasks`, `out`
+ * and `rollout_id_prefix`, the prefix left out when there is none.
+ */
+export const CollectionFieldsSchema = z
+  .object({
+    tasks: LoggedPathSchema.optional(),
+    out: LoggedPathSchema,
+    rollout_id_prefix: RolloutIdPrefixSchema.optional(),
+  })
+  .strict();
+export type CollectionFields = z.infer<typeof CollectionFieldsSchema>;
+
+export function collectionFields(identity: CollectionIdentity): CollectionFields {
+  return {
+    ...(identity.tasks !== undefined && { tasks: identity.tasks }),
+    out: identity.out,
+    ...(identity.rolloutIdPrefix && { rollout_id_prefix: identity.rolloutIdPrefix }),
+  };
+}
+
+export function fromCollectionFields(fields: CollectionFields): CollectionIdentity {
+  return { ...(fields.tasks !== undefined && { tasks: fields.tasks }), out: fields.out, rolloutIdPrefix: fields.rollout_id_prefix ?? "" };
 }
 
 /**

@@ -41,7 +41,7 @@ import { DISPATCH_LOG_FILE, DispatchLog, type DispatchHistory, type LoggedAttemp
 import { OwnCheckpointOps, RESENT_CODES } from "./own-checkpoint-ops.js";
 import { parseStateValue } from "./state-file-value.js";
 import { ProgressReporter, progressClock, type ProgressSnapshot } from "./progress-reporter.js";
-import { anotherCollection, sameCollection, samePath, type CollectionIdentity } from "./collection-identity.js";
+import { anotherCollection, collectionFields, collectionFlags, fromCollectionFields, sameCollection, samePath, type CollectionIdentity } from "./collection-identity.js";
 import { appendResultText, createResultsIfAbsent, distrustedResults, readResults, readResultsForAppend, readResultsIfPresent, resultLineText, syncResults, type FinishedRow } from "./results-file.js";
 import { RolloutRecordsSink, type RolloutRecordsOptions, type RolloutRecordsStats } from "./rollout-records-sink.js";
 import { RowQueue } from "./row-queue.js";
@@ -411,10 +411,24 @@ export class Collector {
     // are refused while it is open. Refused before anything is sent.
     if (open && !ours && (restore || !knownCheckpoints.has(open.checkpoint_id))) throw anotherControllersCheckpoint(open);
     const heldParked = ours && open.phase === "published" && heldBy(status.participants, open.checkpoint_id);
+    // No log (lost, not abandoned): our own stop checkpoint, the Gym kept parked in it, told by its
+    // collection.json. Nothing was sent after it, so its scope is every attempt that may still run:
+    // retired once it is resumed, as a log naming them would have them, and their rows restarted.
+    const ownStop = !history && !abandonedCheckpoints && !open ? await this.ownParkedStop(status.participants) : undefined;
+    if (ownStop) {
+      this.options.logger.warn({ checkpoint_id: ownStop.checkpoint_id, run_id: ownStop.run_id }, `${DISPATCH_LOG_FILE} is not there: resuming this collection's own stop checkpoint, which its collection.json names and the Gym is still parked in`);
+      knownCheckpoints.add(ownStop.checkpoint_id);
+      for (const e of [...ownStop.continued, ...ownStop.restarted]) {
+        const state = this.states.get(e.rollout_id);
+        if (state?.status === "pending") unfinished.set(e.rollout_id, e.attempt);
+        else if (!state && !finished.has(e.rollout_id)) gone.set(e.rollout_id, e.attempt);
+      }
+    }
     // Our LATEST closed at the coordinator, its resume failed at a live process still parked in it
-    // (the checkpoint op's resume_failures): the coordinator refuses its restore (invalid_phase) and
-    // that process every retire until it is resumed. Resumed here, its rows restarted, as above.
-    const heldClosed = !open && collection !== undefined && heldBy(status.participants, collection.checkpoint_id);
+    // (the checkpoint op's resume_failures), or our stop checkpoint its Gym is kept parked in: the
+    // coordinator refuses its restore (invalid_phase) and that process every retire until it is
+    // resumed. Resumed here, its rows restarted, as above.
+    const heldClosed = open ? undefined : collection !== undefined && heldBy(status.participants, collection.checkpoint_id) ? collection : ownStop;
     const restorable = heldParked || heldClosed ? [] : (collection?.continued ?? []);
     const continued = new Map(restorable.filter((e) => unfinished.get(e.rollout_id) === e.attempt).map((e) => [e.rollout_id, e]));
     // Our restore left open with some of its attempts logged as restored: it landed, and the start
@@ -441,8 +455,8 @@ export class Collector {
       this.options.logger.info({ checkpoint_id: open.checkpoint_id, phase: open.phase, held_parked: heldParked }, "closing the checkpoint a previous run left open");
       restoreFailed = await this.resumeLeftOpen(open.checkpoint_id);
     } else if (heldClosed) {
-      this.options.logger.info({ checkpoint_id: collection.checkpoint_id }, "resuming the checkpoint live processes still hold parked (its resume failed there)");
-      await this.resumeLeftOpen(collection.checkpoint_id);
+      this.options.logger.info({ checkpoint_id: heldClosed.checkpoint_id }, "resuming the checkpoint live processes still hold parked (its resume failed there, or a stop kept its Gym)");
+      await this.resumeLeftOpen(heldClosed.checkpoint_id);
     }
 
     // Every other unfinished logged attempt may still run somewhere: retire it, send attempt+1.
@@ -725,6 +739,42 @@ export class Collector {
     if (!latest || !history) return undefined;
     const runId = history.runId;
     const { manifest } = await this.ownOps.resent("start-up get", latest, () => this.options.controller.get(latest));
+    const state = await this.collectionStateOf(latest, manifest);
+    if (state && state.run_id !== runId && state.run_id !== history.continuesRun) {
+      this.options.logger.info({ latest, latest_run: state.run_id, logged_run: runId }, "LATEST belongs to another run; restoring nothing");
+      return undefined;
+    }
+    return state;
+  }
+
+  /**
+   * dispatched.jsonl lost (deleted, its directory wiped): nothing names the checkpoints this
+   * collection took. Its own published stop checkpoint, closed at the coordinator by its publish
+   * while the Gym it kept stays parked in it, looked like another controller's: nothing resumed it,
+   * and every /run was refused admission until a `gym-ckpt resume` by hand. So LATEST, when live
+   * processes hold it parked and it is a stop checkpoint, is ours when its collection.json names
+   * this collection (the test the log's header gets). Any other (another collection's, a file
+   * written before it named its collection, another controller's state) is left for its controller
+   * to stop, with a warning naming it and the resume to run should it be this collection's after all.
+   */
+  private async ownParkedStop(participants: CtlReplyOf<"status">["participants"]): Promise<CollectionState | undefined> {
+    // Nothing held anywhere (the usual first start): no op sent for it.
+    if (!participants.some((p) => p.checkpoint_id && p.phase !== null && p.phase !== "idle")) return undefined;
+    const latest = await this.visibleLatest();
+    if (!latest || !heldBy(participants, latest)) return undefined;
+    const { manifest } = await this.ownOps.resent("start-up get", latest, () => this.options.controller.get(latest));
+    if (!manifest.stop) return undefined;
+    const state = await this.collectionStateOf(latest, manifest);
+    if (state?.collection && (await sameCollection(fromCollectionFields(state.collection), this.identity))) return state;
+    this.options.logger.warn(
+      { checkpoint_id: latest, ...(state?.collection && { its_collection: collectionFlags(fromCollectionFields(state.collection)) }) },
+      `the Gym is parked in published stop checkpoint ${latest}, which is not this collection's as far as its collection.json tells (and ${DISPATCH_LOG_FILE} is not there to name it): left for its controller to stop, and /run is refused admission until then; if it is this collection's (its ${DISPATCH_LOG_FILE} lost), run gym-ckpt resume ${latest}`,
+    );
+    return undefined;
+  }
+
+  /** The collection.json of LATEST (`latest`, `manifest` from its get); undefined when its controller state is not a collection's. */
+  private async collectionStateOf(latest: string, manifest: CtlReplyOf<"get">["manifest"]): Promise<CollectionState | undefined> {
     const ref = manifest.controller_state;
     if (!ref || !("file" in ref)) return undefined;
     // Another controller's state file (`gym-ckpt checkpoint --state-file`, a trainer's): LATEST is
@@ -741,12 +791,7 @@ export class Collector {
     });
     // Hashed as stored: decoding first maps invalid UTF-8 to U+FFFD, so damaged bytes could hash alike.
     if (sha256Hex(bytes) !== ref.sha256) throw new CheckpointError("invalid_checkpoint_state", `${ref.file} of ${latest} does not match its digest`);
-    const state = parseStateValue(CollectionStateSchema, bytes.toString("utf8"), join(latest, ref.file));
-    if (state.run_id !== runId && state.run_id !== history.continuesRun) {
-      this.options.logger.info({ latest, latest_run: state.run_id, logged_run: runId }, "LATEST belongs to another run; restoring nothing");
-      return undefined;
-    }
-    return state;
+    return parseStateValue(CollectionStateSchema, bytes.toString("utf8"), join(latest, ref.file));
   }
 
   // ---- the dispatch loop -----------------------------------------------------------------
@@ -1636,7 +1681,7 @@ export class Collector {
         restarted.push(...scope.filter((e) => unanswered.has(e.rollout_id) || failedUnheld(e)));
         if (unanswered.size) log.warn({ rows: unanswered.size }, "a /run reply on the wire did not arrive within the checkpoint timeout; its row restarts from input after a restore");
 
-        const state: CollectionState = { checkpoint_id: checkpointId, run_id: this.runId, created_at: Date.now() / 1000, continued, restarted };
+        const state: CollectionState = { checkpoint_id: checkpointId, run_id: this.runId, created_at: Date.now() / 1000, continued, restarted, collection: collectionFields(this.identity) };
         const text = `${JSON.stringify(state, null, 2)}\n`;
         await replaceFileDurably(join(this.options.checkpointDir, checkpointId, COLLECTION_STATE_FILE), text);
         await this.ownOps.publishOwn(checkpointId, sha256Hex(text));

@@ -3,7 +3,7 @@ import { z } from "zod";
 import { CheckpointError, CheckpointIdSchema, EpisodeIdSchema, LineSplitter, namePath, type EpisodeId } from "../../protocol/index.js";
 import { replaceFileDurably } from "../publication/durable-fs.js";
 import { openRegularFile } from "../publication/regular-file.js";
-import type { CollectionIdentity } from "./collection-identity.js";
+import { CollectionFieldsSchema, collectionFields, fromCollectionFields, type CollectionIdentity } from "./collection-identity.js";
 import { parseStateValue } from "./state-file-value.js";
 
 /**
@@ -25,16 +25,12 @@ import { parseStateValue } from "./state-file-value.js";
  * Appends made while a sync runs share the next one (group commit): concurrent dispatches cost one
  * sync per group, not one each.
  */
-/** A path as the collector resolved it (PATH_MAX). */
-const LoggedPathSchema = z.string().min(1).max(4096);
 const HeaderSchema = z
   .object({
     run_id: z.string().min(1).max(128),
     continues_run: z.string().min(1).max(128).optional(),
     // Absent from a log written before the header named its collection (read as this one).
-    tasks: LoggedPathSchema.optional(),
-    out: LoggedPathSchema.optional(),
-    rollout_id_prefix: z.string().min(1).max(200).optional(),
+    ...CollectionFieldsSchema.partial().shape,
   })
   .strict();
 const EntrySchema = EpisodeIdSchema.extend({ restored: z.literal(true).optional() }).strict();
@@ -124,9 +120,7 @@ export class DispatchLog {
     const header = HeaderSchema.parse({
       run_id: this.runId,
       ...(this.continuesRun !== undefined && { continues_run: this.continuesRun }),
-      ...(c?.tasks !== undefined && { tasks: c.tasks }),
-      ...(c && { out: c.out }),
-      ...(c?.rolloutIdPrefix && { rollout_id_prefix: c.rolloutIdPrefix }),
+      ...(c && collectionFields(c)),
     });
     const lines = [
       JSON.stringify(header),
@@ -264,7 +258,7 @@ export class DispatchLog {
     }
     if (!header) return undefined;
     // Named by its --out: a header without one is older than the collection's name.
-    const collection = header.out === undefined ? undefined : { ...(header.tasks !== undefined && { tasks: header.tasks }), out: header.out, rolloutIdPrefix: header.rollout_id_prefix ?? "" };
+    const collection = header.out === undefined ? undefined : fromCollectionFields({ tasks: header.tasks, out: header.out, rollout_id_prefix: header.rollout_id_prefix });
     return { runId: header.run_id, ...(header.continues_run !== undefined && { continuesRun: header.continues_run }), ...(collection && { collection }), latest, restoredOnly, checkpoints };
   }
 }

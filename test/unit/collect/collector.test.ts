@@ -2796,8 +2796,10 @@ describe("collector across a coordinator failover (the engine, then its successo
   /**
    * Run 1 (a failover world's first collector) stops with a@0 in flight (SIGTERM: published, the Gym
    * parked in it); then the Gym servers restart (fresh processes) and run 1's /run dies with it.
+   * `gymKept`: the Gym servers go on instead, parked in the stop checkpoint (a job requeued while its
+   * Gym stays up), and only run 1's /run dies.
    */
-  async function stoppedRun(w: Awaited<ReturnType<typeof failoverWorld>>): Promise<string> {
+  async function stoppedRun(w: Awaited<ReturnType<typeof failoverWorld>>, { gymKept = false } = {}): Promise<string> {
     w.fake.exported.set("environment.e1", ["a"]);
     const first = collectorIn(w);
     await first.start();
@@ -2807,10 +2809,45 @@ describe("collector across a coordinator failover (the engine, then its successo
     expect(published).toBe(true);
     await first.halt();
     server!.closeAllConnections();
-    w.fake.state.clear();
+    if (!gymKept) w.fake.state.clear();
     w.arrived.length = 0;
     return checkpointId;
   }
+
+  // dispatched.jsonl lost (deleted by hand, a scratch directory wiped): the log named the stop
+  // checkpoint as this collection's. Before, a start without it took the stop checkpoint its own Gym
+  // is parked in for another controller's: nothing resumed, and every /run was refused admission
+  // until someone ran `gym-ckpt resume <id>` by hand. Its collection.json names the collection.
+  it("its own published stop checkpoint, the Gym kept parked in it, is resumed by a start that lost dispatched.jsonl (collection.json names the collection), and its rows restart from input", async () => {
+    const w = await failoverWorld();
+    const checkpointId = await stoppedRun(w, { gymKept: true });
+    await rm(join(dir, "dispatched.jsonl"));
+    const from = w.fake.calls.length;
+    const collector = collectorIn(w);
+    await collector.start();
+    expect([...w.fake.state.values()].every((s) => s.phase === "idle")).toBe(true);
+    expect(w.fake.calls.slice(from).filter((c) => c.op === "resume").map((c) => c.body.checkpoint_id)).toContain(checkpointId);
+    w.release.resolve();
+    expect(await collector.run()).toMatchObject({ finished: 1, failed: 0, restarted: 1, continued: 0 });
+    // a@0, parked and resumed, was retired before a@1 went: nothing finishes twice.
+    expect(w.arrived).toEqual([{ rollout_id: "a", attempt: 1 }]);
+    expect(w.fake.ops("retire").slice(-1)[0]?.body).toMatchObject({ episode_ids: [a0] });
+  });
+
+  it("another collection's published stop checkpoint (its collection.json names another --out), the Gym parked in it, is not resumed by a start without dispatched.jsonl", async () => {
+    const w = await failoverWorld();
+    const checkpointId = await stoppedRun(w, { gymKept: true });
+    await rm(join(dir, "dispatched.jsonl"));
+    const from = w.fake.calls.length;
+    const { log, lines } = capturingLogger();
+    const other = collectorFor(w.controller, w.url, { checkpointTimeoutSeconds: 5, outPath: join(dir, "other-results.jsonl"), logger: log });
+    running.push(other);
+    await other.start();
+    expect(w.fake.calls.slice(from).filter((c) => c.op === "resume")).toEqual([]);
+    expect([...w.fake.state.values()].some((s) => s.phase !== "idle")).toBe(true);
+    // The operator is told what holds the Gym, and what to run if it is this collection's after all.
+    expect(lines.some((l) => l.msg.includes(checkpointId) && l.msg.includes(`gym-ckpt resume ${checkpointId}`))).toBe(true);
+  });
 
   it("a checkpoint left open whose resume landed just before its coordinator died (reply lost): the successor's not_found means nothing is left open, and the start goes on", async () => {
     const w = await failoverWorld((op, n) => (op === "resume" && n === 1 ? "died-after" : "pass"));
