@@ -1631,6 +1631,10 @@ export class Collector {
       const resumed = stop ? undefined : this.resumable();
       try {
         await this.retireQueued();
+        // Halted (the collection failed) with retires still queued, which retireQueued no longer
+        // sends: `leaving` may not be aborted yet (a worker its storage holds), and a prepare now
+        // would park and capture those failed attempts' episodes, unretired, for a checkpoint given up next.
+        if (this.halted && this.toRetire.length) return this.givenUp(log, checkpointId);
         // Logged first: a start after a crash mid-checkpoint closes it as ours, and no other open one.
         await this.log.recordCheckpoint(checkpointId);
         if (this.leaving.signal.aborted) return this.givenUp(log, checkpointId);

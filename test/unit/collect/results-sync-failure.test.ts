@@ -1,10 +1,14 @@
+import { createHash } from "node:crypto";
 import { mkdtemp, readFile, readdir, rm } from "node:fs/promises";
 import { createServer, type Server } from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import pino from "pino";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { appendResult, readResultsForAppend, syncResults } from "../../../coordinator/collect/results-file.js";
 import { collectorIn, idleController } from "../../support/collector-fixture.js";
+import type { TaskFile } from "../../../coordinator/collect/task-file.js";
+import { TaskLineRef } from "../../../coordinator/collect/task-rows.js";
 
 /**
  * A failed fdatasync of results.jsonl (EIO) is reported once: Linux marks the pages whose writeback
@@ -208,5 +212,71 @@ describe("a failed sync of results.jsonl", () => {
     expect([...(await recorded())].sort()).toEqual(rows.map((r) => r.rolloutId));
     // The rows cut from the file ran again; none that stayed in it did.
     for (const id of kept) expect(runs.filter((r) => r === id)).toHaveLength(1);
+  });
+});
+
+// A failed sync stops the collection (halted) but gives up our checkpoint under way (`leaving`)
+// only once every worker is back, and one its storage holds (a task line on a dead mount) is not
+// back for up to --run-timeout-s. A checkpoint taking its turn meanwhile found its retires cut short
+// by the halt, attempts still queued for retire, and went on to prepare: those failed attempts'
+// episodes, not retired, were held parked and asked to capture, for a checkpoint given up next.
+describe("a failed sync while retires are queued", () => {
+  it("gives our checkpoint up before its prepare: no attempt of a failed row is asked to capture unretired", { timeout: 10_000 }, async () => {
+    const trajectory = { task_name: null, prompt: null, nodes: [], reward: 1, turns: 0, stop_condition: null, is_completed: true, replay: null };
+    const answers = new Map<string, (status: number, body: unknown) => void>();
+    server = createServer((req, res) => {
+      let body = "";
+      req.on("data", (chunk: Buffer) => (body += chunk.toString()));
+      req.on("end", () => {
+        const { rollout_id } = JSON.parse(body) as { rollout_id: string };
+        answers.set(rollout_id, (status, reply) => res.writeHead(status, { "content-type": "application/json" }).end(JSON.stringify(reply)));
+      });
+    });
+    await new Promise<void>((resolve) => server!.listen(0, "127.0.0.1", resolve));
+    const url = `http://127.0.0.1:${(server.address() as { port: number }).port}/run`;
+    // h's line is read from a tasks file whose read hangs (a dead mount) until the test ends: its worker keeps the failure from `leaving`.
+    let endRead!: () => void;
+    const readEnds = new Promise<void>((resolve) => (endRead = resolve));
+    const hung = { path: join(dir, "tasks.jsonl"), read: () => readEnds.then(() => Buffer.from("{}")), close: async () => undefined } as unknown as TaskFile;
+    const rows = [{ rolloutId: "h", task: new TaskLineRef(hung, 1, 0, 2, createHash("sha256").update("{}").digest("base64")) }, ...["f1", "f2", "ok"].map((rolloutId) => ({ rolloutId, task: {} }))];
+    const ops: string[] = [];
+    let releaseRetire!: () => void;
+    const retireHeld = new Promise<void>((resolve) => (releaseRetire = resolve));
+    const controller = idleController({
+      retire: async (req: { episode_ids: { rollout_id: string }[] }) => {
+        ops.push(`retire:${req.episode_ids.map((e) => e.rollout_id).join(",")}`);
+        await retireHeld;
+        return { participants: [] };
+      },
+      prepare: async () => {
+        ops.push("prepare");
+        return { prepared: true, blockers: [], restarts: [], stopped_at: null };
+      },
+      resume: async () => (ops.push("resume"), {}),
+    });
+    const options = { rows, concurrency: 4, runTimeoutSeconds: 1, records: { dir: join(dir, "records"), env: "gym", kind: "eval" as const, everyRows: 1, everySeconds: 600 } };
+    const lines: string[] = [];
+    const logger = pino({ level: "warn" }, { write: (line: string) => void lines.push((JSON.parse(line) as { msg: string; rollout_id?: string }).msg + ` ${(JSON.parse(line) as { rollout_id?: string }).rollout_id ?? ""}`) });
+    const collector = collectorIn(dir, url, controller, { ...options, logger });
+    await collector.start();
+    const run = collector.run();
+    await vi.waitFor(() => expect(answers.size).toBe(3), { timeout: 5000 });
+    // f1 fails: its retire is sent and held. f2 fails meanwhile: its attempt waits in the queue.
+    answers.get("f1")!(500, { error: "boom" });
+    await vi.waitFor(() => expect(ops).toEqual(["retire:f1"]), { timeout: 5000 });
+    answers.get("f2")!(500, { error: "boom" });
+    await vi.waitFor(() => expect(lines).toContain("/run failed; the row is sent again f2"), { timeout: 5000 });
+    // A SIGTERM: the stop checkpoint waits for the lock the retire holds.
+    const stop = collector.checkpoint({ stop: true });
+    // ok finishes; the sync before its records step fails (sync 1 made the empty file): the collection stops.
+    disk.failAt = disk.syncs + 1;
+    answers.get("ok")!(200, { reward: 1, trajectory });
+    await vi.waitFor(() => expect(lines.some((l) => l.startsWith("results.jsonl could not be synced; the collection stops"))).toBe(true), { timeout: 5000 });
+    releaseRetire();
+    const stopped = await stop.catch((error: unknown) => error);
+    expect(ops).not.toContain("prepare");
+    expect(stopped).toMatchObject({ published: false });
+    endRead();
+    await expect(run).rejects.toMatchObject({ code: "storage_error" });
   });
 });
