@@ -105,6 +105,11 @@ const HEDGE = /(?:^|\s)(?:or|nor|and|to)(?=\s|\d|$)/i;
 /** Euler's number, the imaginary unit and π, set upright (`2\mathrm{e}`, `3\mathrm{i}`, `2\text{π}`): no units. */
 const UPRIGHT_CONSTANTS = new Set(["e", "i", "π"]);
 /**
+ * An exponent (`e3`, `E-3`): no unit either. The wrapper is read as what it holds, so `1.5\text{ e3}`
+ * normalizes to 1500; taken as 1.5 in a unit `e3` it was also 1.5, right against both.
+ */
+const EXPONENT = /^[eE][-+]?\d+$/;
+/**
  * LaTeX's degree sign, `^\circ` or `^{\circ}` (spacing allowed; not `^\circle`), gensymb's `\degree`
  * and textcomp's `\textdegree` (not `\degrees`; an empty group may end the macro's name:
  * `\textdegree{}C`), read as `°`.
@@ -118,8 +123,6 @@ const TEXT_WRAPPERS = /\\(text|textrm|mathrm|mbox)\{([^{}]*)\}/g;
  */
 const DEGREE_WORD_SOURCE = String.raw`[Dd]egrees?(?:\s+([Cc]elsius|[Ff]ahrenheit|[CF]))?$`;
 const DEGREE_WORD = new RegExp(DEGREE_WORD_SOURCE);
-/** The same word in plain text, right after a number's last digit (`90 degrees`, `90degrees`). */
-const PLAIN_DEGREE_WORD = new RegExp(String.raw`(?<=\d)\s*${DEGREE_WORD_SOURCE}`);
 /**
  * The degrees closing the answer, once LaTeX's are read as `°`: a unit too (`90^\circ`, `90°`), and
  * so are degrees Celsius or Fahrenheit, the letter plain or wrapped (`90°C`, `90^\circ\text{C}`):
@@ -156,9 +159,33 @@ function degreeSigns(text: string): string {
  * removed) right after a number's digit, read as `°`: `90 degrees` is `90°`, `90 degrees Celsius`
  * `90°C`. Unlike other plain-text words (`5 cm`, `5 x`, `2 pi`) it is no variable or constant, so a
  * wrapper is not needed to mark it as a unit; after anything but a digit it stays text (`x degrees`).
+ * The `$` or braces closing the number may come between (`$90$ degrees`, `\text{90} degrees`,
+ * `\frac{1}{2} degrees`): the `$` is dropped, so `$90$ degrees` is `90°` as `$90^\circ$` is.
  */
 function plainDegreeWord(answer: string): string {
-  return answer.replace(PLAIN_DEGREE_WORD, (_word: string, scale: string | undefined) => degreeSign(scale));
+  const word = DEGREE_WORD.exec(answer);
+  if (!word) return answer;
+  const closed = closersStart(answer, word.index);
+  if (!/\d/.test(answer[closed - 1] ?? "")) return answer;
+  // Braces kept (`\frac{1}{2}°`); spacing and `$` dropped, so `$90$ degrees` reads as `$90°$` does.
+  return answer.slice(0, closed) + answer.slice(closed, word.index).replace(/[^}]/g, "") + degreeSign(word[1]);
+}
+
+/**
+ * Where the run of spacing (also LaTeX's `\,` `\:` `\;` `\!` `\ `), `$` (also `\$`) and `}` ending
+ * at `end` starts: what may close a number before a plain-text unit word. One pass back, whatever the
+ * run's length. normalizeAnswer sees these LaTeX spellings already read (latexPlain), numberBeforeUnit
+ * as written: both must find the same number.
+ */
+function closersStart(text: string, end: number): number {
+  let at = end;
+  for (;;) {
+    if (at > 0 && /[\s$}]/.test(text[at - 1]!)) at -= 1;
+    else if (at > 1 && text[at - 2] === "\\" && /[,:;!]/.test(text[at - 1]!)) at -= 2;
+    // A backslash escaping the space or `$` just passed: `\ `, `\$`.
+    else if (at > 0 && text[at - 1] === "\\" && /[\s$]/.test(text[at] ?? "")) at -= 1;
+    else return at;
+  }
 }
 
 /**
@@ -168,7 +195,7 @@ function plainDegreeWord(answer: string): string {
  * `90 degrees`, `90^\circ\text{C}`, `90°F`, `90 degrees Celsius`): its normalized number. A unit is
  * marked as text (or by the degree sign, or is the word degrees), so another plain-text suffix is
  * none (`5 x`, `2 pi` may be a variable or a constant), nor is one with anything after it
- * (`5\text{ cm}^2`, `5\text{ or }7`, `90^\circ 5`).
+ * (`5\text{ cm}^2`, `5\text{ or }7`, `90^\circ 5`), nor an exponent (`1.5\text{ e3}` is 1500).
  */
 export function numberBeforeUnit(text: string): string | undefined {
   const before = textBeforeUnit(text);
@@ -186,7 +213,7 @@ function textBeforeUnit(text: string): string | undefined {
   if (!wrapper) return undefined;
   const number = numberOpeningWrapper(wrapper[1]!);
   const unit = wrapper[1]!.slice(number.length).trim();
-  if (!unit || !UNIT.test(unit) || HEDGE.test(unit) || UPRIGHT_CONSTANTS.has(unit)) return undefined;
+  if (!unit || !UNIT.test(unit) || HEDGE.test(unit) || UPRIGHT_CONSTANTS.has(unit) || EXPONENT.test(unit)) return undefined;
   return answer.slice(0, wrapper.index) + number;
 }
 

@@ -26,7 +26,9 @@ describe("math verifier: an expected answer that divides by zero", () => {
 
   // Such a division before a unit was still compared as text (`1/0 m`): the unit hid it from the check.
   it("is refused with a unit after it too, at verify and at the seed", async () => {
-    const withUnits = ["1/0\\text{ m}", "\\frac{1}{0}\\,\\mathrm{km/h}", "$\\boxed{0/0\\text{ cm}}$", "1/0^\\circ", "-1/0°C", "1/0\\text{ degrees}"];
+    const withUnits = ["1/0\\text{ m}", "\\frac{1}{0}\\,\\mathrm{km/h}", "$\\boxed{0/0\\text{ cm}}$", "1/0^\\circ", "-1/0°C", "1/0\\text{ degrees}",
+      // The number inside the wrapper, and the word degrees in plain text, after the number or the `$` or brace closing it.
+      "\\text{1/0 m}", "1/0 degrees", "\\text{1/0 degrees}", "$1/0$ degrees", "\\frac{1}{0} degrees", "$\\frac{1}{0}$ degrees"];
     for (const expected_answer of withUnits) {
       const refusal = await new MathVerifier().verify({ task: { expected_answer }, answer: expected_answer }).catch((error: unknown) => error);
       expect(refusal, expected_answer).toBeInstanceOf(CheckpointError);

@@ -158,6 +158,29 @@ describe("math verifier: units", () => {
       ["90", "90 Degrees.", 1],
       ["-3", "-3 degrees", 1],
       ["\\text{90 degrees}", "90 degrees", 1],
+      // The number closed by a `$` or a brace before the word (`$90$ degrees`, `\\text{90} degrees`, a fraction): still right after it.
+      ["90", "$90$ degrees", 1],
+      ["90°", "$90$ degrees", 1],
+      ["$90$ degrees", "90", 1],
+      ["90^\\circ", "$90$ degrees", 1],
+      ["90", "\\text{90} degrees", 1],
+      ["90°", "\\text{90} degrees", 1],
+      ["\\text{90} degrees", "90", 1],
+      ["0.5", "\\frac{1}{2} degrees", 1],
+      ["\\frac{1}{2}^\\circ", "\\frac{1}{2} degrees", 1],
+      ["0.5", "$\\frac{1}{2}$ degrees", 1],
+      ["90°C", "$90$ degrees Celsius", 1],
+      // LaTeX's spacing, or an escaped `$`, there: what normalizing reads as spacing or `$`, the unit check too.
+      ["90", "90\\,degrees", 1],
+      ["90", "90\\ degrees", 1],
+      ["90", "\\text{90}\\,degrees", 1],
+      ["90", "\\$90\\$ degrees", 1],
+      ["90°", "\\$90\\$ degrees", 1],
+      ["91", "$90$ degrees", 0],
+      ["90", "$90^\\circ$ degrees", 0],
+      ["90", "$x$ degrees", 0],
+      ["90", "\\text{x} degrees", 0],
+      ["90", "\\text{90 cm} degrees", 0],
       // Degrees Celsius or Fahrenheit, spelled out, plain or wrapped: °C / °F.
       ["90", "\\text{90 degrees Celsius}", 1],
       ["\\text{90 degrees Celsius}", "90", 1],
@@ -181,6 +204,9 @@ describe("math verifier: units", () => {
       ["45", "90 or 45 degrees", 0],
       ["90", "\\text{90 or 45 degrees}", 0],
       ["90", "90 to 100 degrees", 0],
+      ["90", "$90$ or $45$ degrees", 0],
+      ["45", "$90$ or $45$ degrees", 0],
+      ["45", "\\text{90 or 45} degrees", 0],
       ["5", "\\text{5 or 7}", 0],
       ["5", "\\text{5 or seven}", 0],
       ["5", "\\text{5 and 7 cm}", 0],
@@ -210,6 +236,21 @@ describe("math verifier: units", () => {
       ["2", "\\text{2 π}", 0],
       ["2", "\\text{2e5}", 0],
       ["200000", "\\text{2e5}", 1],
+      // An exponent after spacing is no unit either: `1.5\\text{ e3}` is `1.5 e3`, 1500 (spaces removed, as in plain text), never also 1.5.
+      ["1.5", "1.5\\text{ e3}", 0],
+      ["1500", "1.5\\text{ e3}", 1],
+      ["1.5", "\\text{1.5 e3}", 0],
+      ["1500", "\\text{1.5 e3}", 1],
+      ["1.5", "1.5\\text{e3}", 0],
+      ["1500", "1.5\\text{e3}", 1],
+      ["1.5", "1.5\\mathrm{ E3}", 0],
+      ["1500", "1.5\\mathrm{ E3}", 1],
+      ["1.5", "1.5\\text{ e-3}", 0],
+      ["0.0015", "1.5\\text{ e-3}", 1],
+      ["1.5\\text{ e3}", "1.5", 0],
+      ["1.5\\text{ e3}", "1500", 1],
+      ["1.5 e3", "1.5\\text{ e3}", 1],
+      ["5", "5\\text{ em}", 1],
     ] as const)("expected %s, answer %s: reward %i", async (expected, answer, expectedReward) => {
       expect(await reward(expected, answer)).toBe(expectedReward);
     });
@@ -227,6 +268,7 @@ describe("math verifier: units", () => {
     expect(await reward("5", `5°${" ".repeat(99_000)}x`)).toBe(0);
     expect(await reward("5", `${"9 ".repeat(49_000)}degrees x`)).toBe(0);
     expect(await reward("5", `${"9degrees".repeat(12_000)}`)).toBe(0);
+    expect(await reward("5", `5${"} $".repeat(33_000)}degrees`)).toBe(0);
     expect(await reward("5", `\\text{${"5 ".repeat(49_000)}cm}`)).toBe(0);
     expect(performance.now() - started).toBeLessThan(2_000);
   });
