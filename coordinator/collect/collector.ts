@@ -236,6 +236,13 @@ export class Collector {
    */
   private readonly leaving = new AbortController();
   /**
+   * Aborted, with the failure as its reason, by stopSending(): the collection failed. run() stops
+   * waiting for its workers there, not once they are all back: a failed sync of --out (a records
+   * step) stops the collection without any worker rejecting, and a worker its storage holds may
+   * never come back, so they are given --run-timeout-s at most (drained).
+   */
+  private readonly collectionFailed = new AbortController();
+  /**
    * Settles once the checkpoint under way (not a stop), or the start's restore, has been resumed:
    * halt({ resumeCheckpoint }) waits for it, since the exit after it closes NATS, and a prepared
    * checkpoint or a restore nobody resumes keeps the Gym parked (admission closed) until the
@@ -825,15 +832,15 @@ export class Collector {
       // could not be kept either (they are logged: the next start retires them).
       workers = Array.from({ length: concurrency }, () =>
         this.worker().catch((error: unknown) => {
-          this.stopSending();
+          this.stopSending(error);
           throw error;
         }),
       );
-      await Promise.all(workers);
+      await Promise.race([Promise.all(workers), rejectedOnAbort(this.collectionFailed.signal)]);
       if (this.resultsLost) throw this.resultsLost;
     } catch (error) {
       this.ended = true;
-      this.stopSending();
+      this.stopSending(error);
       this.ownOps.end();
       clearTimeout(this.retireRetry);
       // Our checkpoint under way (timer, SIGUSR1, a SIGTERM's stop) is given up and resumed, as on a
@@ -843,12 +850,14 @@ export class Collector {
       // run() rejects, so nothing is logged or sent once it has (its caller releases the lock and
       // exits). Bounded: a worker held by storage that hangs (a task line or dispatched.jsonl on a
       // dead mount), or an op the controller does not answer, does not hold the failure for ever.
-      await this.drained(workers);
+      const back = await this.drained(workers);
       // The rows already in --out are never run again: their buffered records are written now (or
-      // counted unwritten), once the appends still under way have ended.
-      await Promise.allSettled([...this.finishing]);
+      // counted unwritten), the appends still under way having ended (drained).
       await this.records?.close().catch(() => undefined);
-      await this.closeTasks();
+      // Closing the tasks file waits for the reads under way (FileHandle.close): with a worker given
+      // up in one, not waited for. It closes once that read ends, and the worker then sends nothing.
+      if (back) await this.closeTasks();
+      else void this.closeTasks();
       this.options.progress?.finish(); // the error is printed next
       throw error;
     } finally {
@@ -922,15 +931,17 @@ export class Collector {
     this.options.logger.error({ err: error }, "results.jsonl could not be synced; the collection stops, and the rows cut from it run again at the next start");
     // As after a failed append: nothing more is sent, and the /runs in flight are dropped (their
     // lines could not be kept either; the next start retires them).
-    this.stopSending();
+    this.stopSending(error);
   }
 
   /**
    * The collection failed: no row is sent or logged any more and no reply is taken (halted), the
    * /runs in flight are aborted, and every worker parked (for rows, for our checkpoint to end, for
-   * --run-url or admission) wakes to see it and comes back.
+   * --run-url or admission) wakes to see it and comes back. `failure` is what run() rejects with
+   * (the first one given).
    */
-  private stopSending(): void {
+  private stopSending(failure: unknown): void {
+    this.collectionFailed.abort(failure);
     this.halted = true;
     this.stopping = true;
     this.runTimeouts.abortAll();
@@ -946,11 +957,15 @@ export class Collector {
    * them (their /runs are aborted, so only storage can hold one: a task line read, a
    * dispatched.jsonl append) and for the lock to drain: our checkpoint under way (given up once
    * `leaving` is aborted, then resumed), retires (flushRetires) and forgets (forgetSoon) still sent.
+   * True when every worker came back (and the appends to --out they were making ended).
    */
-  private async drained(workers: Promise<void>[]): Promise<void> {
+  private async drained(workers: Promise<void>[]): Promise<boolean> {
     const bound = new AbortController();
     const timedOut = delay(this.runTimeoutMs / 1000, bound.signal).then(() => false);
-    const workersBack = Promise.allSettled(workers).then(() => true);
+    // A row's append to --out is its worker's (dispatch awaits it): under the same bound.
+    const workersBack = Promise.allSettled(workers)
+      .then(() => Promise.allSettled([...this.finishing]))
+      .then(() => true);
     // Nothing queues behind this once stopped: no timer, no retry or background resend, and
     // forgetQueued sends nothing once stopping.
     const lockDrained = this.lock.run(() => undefined).then(() => true);
@@ -958,6 +973,7 @@ export class Collector {
     const wait_s = this.runTimeoutMs / 1000;
     if (!back) this.options.logger.warn({ wait_s }, "a worker did not come back within --run-timeout-s of the collection failing (its storage hangs?); failing without it");
     if (!done) this.options.logger.warn({ wait_s }, "our checkpoint, a retire or a forget under way did not end within --run-timeout-s of the collection failing (the controller does not answer?); failing without it");
+    return back;
   }
 
   private async worker(): Promise<void> {
@@ -1632,8 +1648,8 @@ export class Collector {
       try {
         await this.retireQueued();
         // Halted (the collection failed) with retires still queued, which retireQueued no longer
-        // sends: `leaving` may not be aborted yet (a worker its storage holds), and a prepare now
-        // would park and capture those failed attempts' episodes, unretired, for a checkpoint given up next.
+        // sends: `leaving` is aborted only once the failure has reached run()'s catch, and a prepare
+        // now would park and capture those failed attempts' episodes, unretired, for a checkpoint given up next.
         if (this.halted && this.toRetire.length) return this.givenUp(log, checkpointId);
         // Logged first: a start after a crash mid-checkpoint closes it as ours, and no other open one.
         await this.log.recordCheckpoint(checkpointId);
@@ -1900,6 +1916,14 @@ export class Collector {
 /** Whether a participant's status shows it still holds checkpoint `id` (parked in it, not idle). */
 function heldBy(participants: CtlReplyOf<"status">["participants"], id: string): boolean {
   return participants.some((p) => p.checkpoint_id === id && p.phase !== null && p.phase !== "idle");
+}
+
+/** Rejects with `signal`'s reason once it is aborted (at once if it is): a race's losing side never settles. */
+function rejectedOnAbort(signal: AbortSignal): Promise<never> {
+  return new Promise<never>((_, reject) => {
+    if (signal.aborted) reject(signal.reason);
+    else signal.addEventListener("abort", () => reject(signal.reason), { once: true });
+  });
 }
 
 function tracer() {

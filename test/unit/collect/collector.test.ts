@@ -1925,8 +1925,10 @@ describe("collector failures", () => {
       await unappendable(out);
       return { status: 200, body: { reward: 1 } };
     });
-    // b's line is read from a tasks file whose read never ends (a dead mount).
-    const hung = { path: join(dir, "tasks.jsonl"), read: () => new Promise<Buffer>(() => undefined), close: async () => undefined } as unknown as TaskFile;
+    // b's line is read from a tasks file whose read never ends (a dead mount); its close waits for
+    // that read, as FileHandle.close does, so the failure cannot wait for the close either.
+    const never = new Promise<never>(() => undefined);
+    const hung = { path: join(dir, "tasks.jsonl"), read: () => never, close: () => never } as unknown as TaskFile;
     const rows = [
       { rolloutId: "b", task: new TaskLineRef(hung, 1, 0, 2, "") },
       { rolloutId: "a", task: {} },

@@ -215,9 +215,10 @@ describe("a failed sync of results.jsonl", () => {
   });
 });
 
-// A failed sync stops the collection (halted) but gives up our checkpoint under way (`leaving`)
-// only once every worker is back, and one its storage holds (a task line on a dead mount) is not
-// back for up to --run-timeout-s. A checkpoint taking its turn meanwhile found its retires cut short
+// A failed sync stops the collection (halted) but gave up our checkpoint under way (`leaving`)
+// only once every worker was back, and one its storage holds (a task line on a dead mount) is not
+// back for up to --run-timeout-s (since run() stops waiting for them at the failure, next describe,
+// `leaving` follows the halt at once; the check stays). A checkpoint taking its turn meanwhile found its retires cut short
 // by the halt, attempts still queued for retire, and went on to prepare: those failed attempts'
 // episodes, not retired, were held parked and asked to capture, for a checkpoint given up next.
 describe("a failed sync while retires are queued", () => {
@@ -278,5 +279,51 @@ describe("a failed sync while retires are queued", () => {
     expect(stopped).toMatchObject({ published: false });
     endRead();
     await expect(run).rejects.toMatchObject({ code: "storage_error" });
+  });
+});
+
+// A failed sync stops the collection from the records step, not from a worker: every worker is
+// woken and returns, but one its storage holds (its task line read from a dead mount) never does.
+// run() waited for it with no bound (Promise.all over the workers before any failure handling), and
+// its close of the tasks file waited for that read too (a FileHandle's close waits for its reads).
+describe("a failed sync while a worker's task line read never ends", () => {
+  it("rejects within --run-timeout-s, says the worker was given up, and sends nothing after it", { timeout: 10_000 }, async () => {
+    const trajectory = { task_name: null, prompt: null, nodes: [], reward: 1, turns: 0, stop_condition: null, is_completed: true, replay: null };
+    const requests: string[] = [];
+    server = createServer((req, res) => {
+      let body = "";
+      req.on("data", (chunk: Buffer) => (body += chunk.toString()));
+      req.on("end", () => {
+        requests.push((JSON.parse(body) as { rollout_id: string }).rollout_id);
+        res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ reward: 1, trajectory }));
+      });
+    });
+    await new Promise<void>((resolve) => server!.listen(0, "127.0.0.1", resolve));
+    const url = `http://127.0.0.1:${(server.address() as { port: number }).port}/run`;
+    // h's read never ends while the test asserts the rejection (released only afterwards, to see
+    // that nothing follows it); its file's close waits for it, as FileHandle.close does.
+    let endRead!: () => void;
+    const readEnds = new Promise<void>((resolve) => (endRead = resolve));
+    const hung = { path: join(dir, "tasks.jsonl"), read: () => readEnds.then(() => Buffer.from("{}")), close: () => readEnds } as unknown as TaskFile;
+    const rows = [{ rolloutId: "h", task: new TaskLineRef(hung, 1, 0, 2, createHash("sha256").update("{}").digest("base64")) }, { rolloutId: "ok", task: {} }];
+    const lines: string[] = [];
+    const logger = pino({ level: "info" }, { write: (line: string) => void lines.push((JSON.parse(line) as { msg: string }).msg) });
+    const options = { rows, concurrency: 2, runTimeoutSeconds: 0.5, logger, records: { dir: join(dir, "records"), env: "gym", kind: "eval" as const, everyRows: 1, everySeconds: 600 } };
+    const collector = collectorIn(dir, url, idleController(), options);
+    await collector.start();
+    // Sync 1 makes the empty file; sync 2, before ok's records step, fails: the collection stops.
+    disk.failAt = disk.syncs + 2;
+    await expect(collector.run()).rejects.toMatchObject({ code: "storage_error" });
+    expect(lines.some((l) => l.startsWith("results.jsonl could not be synced; the collection stops"))).toBe(true);
+    expect(lines.filter((l) => l.startsWith("a worker did not come back within --run-timeout-s")).length).toBe(1);
+    expect(requests).toEqual(["ok"]);
+    // The read ends after all: its worker sees the collection failed and sends, logs and appends nothing.
+    const logged = lines.length;
+    endRead();
+    await readEnds;
+    for (let i = 0; i < 5; i++) await new Promise((resolve) => setImmediate(resolve));
+    expect(requests).toEqual(["ok"]);
+    expect(lines.slice(logged)).toEqual([]);
+    expect(await idsIn(join(dir, "results.jsonl"))).toEqual([]);
   });
 });
