@@ -362,12 +362,13 @@ export class MembershipAnnouncer {
     // Only our own entry: a process that took over keeps its announcement. Best effort: a stale
     // entry only expires with the bucket's TTL.
     if (this.isLost || !this.revision) return;
-    const inTime = await this.deleteOwnEntry(Date.now() + STOP_DELETE_WAIT_MS);
+    // Monotonic: a wall-clock step (NTP, a VM resumed) must not stretch the bound to an hour or end it at once.
+    const inTime = await this.deleteOwnEntry(performance.now() + STOP_DELETE_WAIT_MS);
     if (!inTime) this.logger?.warn({ wait_ms: STOP_DELETE_WAIT_MS, ttl_ms: MEMBER_TTL_MS }, "membership entry not deleted in time (NATS unreachable?); it expires with the registry's TTL");
   }
 
   /**
-   * Deletes the entry if it is still ours, by `until` as a whole: each request waits only what is
+   * Deletes the entry if it is still ours, by `until` (performance.now()) as a whole: each request waits only what is
    * left, and none is sent after it. A beat in flight when stop() came may land first (the delete
    * is refused, the entry read again, the delete sent again): bounding each request alone let those
    * retries run on past stop(). False when time ran out; a request that failed otherwise is no
@@ -378,11 +379,11 @@ export class MembershipAnnouncer {
     // own, and the bucket handle's (nats.js' 5 s, or a beat's) outlived stop(). Its own handle also
     // covers a failed beat's dropped one; bound without a request (no account info), never creating the bucket.
     const bounded = <T>(request: (js: JetStreamClient) => Promise<T>): Promise<T> => {
-      const left = until - Date.now();
+      const left = until - performance.now();
       if (left <= 0) return Promise.reject(new errors.TimeoutError());
       return request(jetstream(this.nc, { timeout: left, checkAPI: false }));
     };
-    const inTime = (error: unknown) => !(error instanceof errors.TimeoutError) && Date.now() < until;
+    const inTime = (error: unknown) => !(error instanceof errors.TimeoutError) && performance.now() < until;
     const bucket = membersBucket(this.deployment);
     for (let tries = 0; tries < 3; tries++) {
       try {

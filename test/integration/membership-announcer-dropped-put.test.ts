@@ -1,6 +1,6 @@
 import { Kvm, type KvEntry } from "@nats-io/kv";
 import { connect, type MsgHdrs, type NatsConnection, type RequestOptions } from "@nats-io/transport-node";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from "vitest";
 import { MembershipAnnouncer, STOP_DELETE_WAIT_MS } from "../../participants/control-plane/membership-announcer.js";
 import { memberKey, membersBucket } from "../../protocol/index.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
@@ -111,6 +111,66 @@ describe("stop() whose delete a beat overtook, on a slow NATS", () => {
       expect(requests.some((r) => r.subject.includes(".STREAM.MSG.GET.")), "the entry read again after the refused delete").toBe(true);
       expect(requests.filter((r) => r.pending).map((r) => r.subject), "requests of the stop still waiting when it returned").toEqual([]);
       expect(tookMs).toBeLessThan(STOP_DELETE_WAIT_MS + 500);
+    } finally {
+      proxy.heal();
+      await raw.close();
+    }
+  });
+});
+
+// stop()'s bound was a Date.now() deadline: each request's timeout is what is left of it. The wall
+// clock steps (NTP, a VM resumed): stepped back while the delete waited, the re-read after a refused
+// delete waited what was left of an hour (stop() hung on a slow NATS, past the launcher's grace);
+// stepped ahead, nothing was left and the entry was never deleted, though NATS answered.
+describe("stop() under a wall-clock step", () => {
+  let offset = 0;
+  afterEach(() => {
+    vi.restoreAllMocks();
+    offset = 0;
+  });
+
+  /** An announcer whose beat's put the proxy holds, stop() called and its delete held behind it; the wall clock then moved by `step`. */
+  async function stopWithDeleteHeld(deployment: string, step: number) {
+    const wall = Date.now.bind(Date);
+    vi.spyOn(Date, "now").mockImplementation(() => wall() + offset);
+    const key = memberKey("environment", "env0");
+    const keySubject = `$KV.${membersBucket(deployment)}.${key}`;
+    const raw: NatsConnection = await connect({ servers: proxy.url, maxReconnectAttempts: -1, reconnectTimeWait: 100 });
+    const { nc, requests } = recordingRequests(raw);
+    const announcer = new MembershipAnnouncer(nc, deployment, "environment", "env0", "inc-step", undefined, PERIOD_MS);
+    await announcer.claim();
+    await announcer.start();
+    proxy.stall();
+    const before = requests.length;
+    await waitUntil(() => requests.slice(before).some((r) => r.subject === keySubject && r.op === undefined), "a beat's put, held");
+    let returned = false;
+    const stopping = announcer.stop().then(() => (returned = true));
+    await waitUntil(() => requests.some((r) => r.subject === keySubject && r.op === "DEL"), "stop()'s delete, held behind the beat");
+    offset = step;
+    return { raw, requests, stopping, returned: () => returned, key };
+  }
+
+  it("stepped back an hour while its delete waits: stop() still returns within STOP_DELETE_WAIT_MS", { timeout: 30_000 }, async () => {
+    const { raw, requests, returned } = await stopWithDeleteHeld("annstepb", -3_600_000);
+    try {
+      // The beat lands first, the delete is refused; the entry's re-read is held.
+      proxy.heal();
+      proxy.stall();
+      await waitUntil(returned, "stop() returned", STOP_DELETE_WAIT_MS + 1_500);
+      expect(requests.filter((r) => r.pending).map((r) => r.subject), "requests of the stop still waiting when it returned").toEqual([]);
+    } finally {
+      proxy.heal();
+      await raw.close();
+    }
+  });
+
+  it("stepped ahead an hour while its delete waits: the delete is still resent and lands", { timeout: 30_000 }, async () => {
+    const { raw, stopping, key } = await stopWithDeleteHeld("annstepa", 3_600_000);
+    try {
+      proxy.heal(); // the beat lands first, the delete is refused; NATS answers from now on
+      await stopping;
+      const entry = await (await new Kvm(nats.nc).open(membersBucket("annstepa"))).get(key);
+      expect(entry?.operation ?? "gone").not.toBe("PUT");
     } finally {
       proxy.heal();
       await raw.close();
