@@ -38,3 +38,22 @@ export function readOnce(clock: DirectoryClock): DirectoryClock {
   let now: Promise<number | undefined> | undefined;
   return (dir) => (now ??= clock(dir));
 }
+
+/**
+ * `clock` read once (and only if asked), then advanced by this process's monotonic clock: a wait
+ * that judges a file's age at every look (striped locks, every few milliseconds) makes one probe, not
+ * one per look, and the age it sees still grows. A failed reading is not kept: the next look tries again.
+ */
+export function readOnceAdvancing(clock: DirectoryClock): DirectoryClock {
+  let reading: Promise<{ now: number; at: number } | undefined> | undefined;
+  return async (dir) => {
+    // `at` once the reading is back: the probe's mtime is no later, so the file system's time is never overestimated.
+    reading ??= clock(dir).then((now) => (now === undefined ? undefined : { now, at: performance.now() }));
+    const read = await reading;
+    if (read === undefined) {
+      reading = undefined;
+      return undefined;
+    }
+    return read.now + (performance.now() - read.at);
+  };
+}

@@ -6,7 +6,7 @@ import { makeDirectories, namePath } from "../../../protocol/index.js";
 import { readIfExists, takeOverStale } from "../../../protocol/lock-takeover.js";
 import { parseProcessIdentity, processIdentity, whyOwnerGone } from "../../../protocol/process-identity.js";
 import { AsyncLock } from "../../control-plane/async-lock.js";
-import { filesystemClock } from "../../storage/filesystem-clock.js";
+import { filesystemClock, readOnceAdvancing, type DirectoryClock } from "../../storage/filesystem-clock.js";
 import { removeStaleProbeFiles } from "../../storage/stale-probe-files.js";
 
 /**
@@ -200,11 +200,13 @@ export class StripedLocks {
   private async acquire(path: string): Promise<void> {
     // How long this process waits: monotonic. (A lock file's age, from its mtime, is wall time: whyStale.)
     const until = performance.now() + this.waitMs;
+    // The directory's clock, for an empty file's age: one probe for the whole wait, not one per look.
+    const clock = readOnceAdvancing(filesystemClock);
     for (let attempt = 0; ; attempt++) {
       if (await this.place(path)) return;
       const held = await readIfExists(path);
-      if (held !== undefined && (await whyStale(path, held)) !== undefined) {
-        const taken = await takeOverStale(path, (now) => whyStale(path, now), () => this.place(path));
+      if (held !== undefined && (await whyStale(path, held, clock)) !== undefined) {
+        const taken = await takeOverStale(path, (now) => whyStale(path, now, clock), () => this.place(path));
         if (taken?.held) return;
         // A live owner took it first, or another process is taking it over: wait like for any owner.
       }
@@ -246,13 +248,15 @@ export class StripedLocks {
   /** Writes the owner file, after removing those of processes that no longer run (a crash leaves its own). */
   private async writeOwnerFile(): Promise<void> {
     const names = await readdir(this.dir);
+    // One clock reading for the sweep's every judgement.
+    const clock = readOnceAdvancing(filesystemClock);
     // whyStale's clock probes (stale-probe-files.ts): what a crash left between a probe's create and remove.
-    await removeStaleProbeFiles(this.dir, names);
+    await removeStaleProbeFiles(this.dir, names, clock);
     for (const name of names) {
       if (!name.startsWith(OWNER_FILE_PREFIX)) continue;
       const path = join(this.dir, name);
       const text = await readIfExists(path).catch(() => undefined);
-      if (text !== undefined && (await whyStale(path, text)) !== undefined) await rm(path, { force: true });
+      if (text !== undefined && (await whyStale(path, text, clock)) !== undefined) await rm(path, { force: true });
     }
     OWNER_FILES.add(this.ownerFile);
     await writeFile(this.ownerFile, OWNER, { flag: "wx" }).catch(async (error: NodeJS.ErrnoException) => {
@@ -295,13 +299,14 @@ const EMPTY_LOCK_GRACE_MS = 2_000;
  * Why a lock (or owner) file's owner no longer runs; undefined while it may. An empty file's age is
  * judged by the directory's own clock (filesystem-clock.ts), not Date.now(): its mtime is the file
  * server's clock on NFS, and a host ahead of it would break a live writer's fresh file. Where that
- * clock cannot be read, an empty file is not judged stale.
+ * clock cannot be read, an empty file is not judged stale. `clock`: the caller's reading of it
+ * (`readOnceAdvancing`), so a wait looking again and again makes one probe.
  */
-async function whyStale(path: string, content: string): Promise<string | undefined> {
+async function whyStale(path: string, content: string, clock: DirectoryClock): Promise<string | undefined> {
   const text = content.trim();
   if (text === "") {
     // Read before the file's mtime: a write landing in between only makes it look younger.
-    const now = await filesystemClock(dirname(path));
+    const now = await clock(dirname(path));
     if (now === undefined) return undefined;
     const info = await stat(path).catch(() => undefined);
     return info !== undefined && now - info.mtimeMs > EMPTY_LOCK_GRACE_MS ? "left empty" : undefined;
