@@ -35,6 +35,20 @@ export interface PolicyBackendOptions {
   /** Cut log entries and duplicate-cut receipts kept (DEFAULT_RECEIPT_LIMIT). */
   receiptLimit?: number;
   logger?: boolean;
+  /**
+   * Answer as a reasoning model: every reply carries a short deterministic thought under this field
+   * (`reasoning_content`, or newer vLLM's `reasoning`), a delta of its own before a stream's content.
+   * It is not counted in the tokens a cut's prefix covers. None by default.
+   */
+  reasoning?: ReasoningField;
+}
+
+export const REASONING_FIELDS = ["reasoning_content", "reasoning"] as const;
+export type ReasoningField = (typeof REASONING_FIELDS)[number];
+
+/** The thought a reasoning reply carries: what the decision is, so tests can tell turns apart. */
+function thoughtOf(decision: PolicyReply): string {
+  return decision.type === "tool_call" ? `Call ${decision.name} with ${decision.arguments}.` : `Answer ${decision.tokens.join("").slice(0, 200)}.`;
 }
 
 /** `after` omitted: hold every call not recorded yet. */
@@ -104,10 +118,10 @@ export async function createPolicyBackend(options: PolicyBackendOptions): Promis
       for (const token of decision.tokens) controls.emit(call, token);
       call.finished = true;
       raw.once("finish", () => (call.delivered = true));
-      return reply.header("x-ng-staging-key", staging).send(completionBody(call, body.model, decision));
+      return reply.header("x-ng-staging-key", staging).send(completionBody(call, body.model, decision, options.reasoning));
     }
     reply.hijack();
-    await streamCompletion(raw, call, body.model, decision, staging, controls, delay);
+    await streamCompletion(raw, call, body.model, decision, staging, controls, delay, options.reasoning);
   });
 
   app.get("/admin/calls", async () => ({ calls: controls.view(), calls_dropped: controls.callsDropped, cuts: controls.cuts.length }));
@@ -220,11 +234,12 @@ function usage(call: BackendCall, decision: PolicyReply) {
   return { prompt_tokens: prompt, completion_tokens: decision.tokens.length, total_tokens: prompt + decision.tokens.length };
 }
 
-function completionBody(call: BackendCall, model: string | undefined, decision: PolicyReply) {
+function completionBody(call: BackendCall, model: string | undefined, decision: PolicyReply, reasoning: ReasoningField | undefined) {
+  const thought = reasoning && { [reasoning]: thoughtOf(decision) };
   const message =
     decision.type === "tool_call"
-      ? { role: "assistant", content: null, tool_calls: [{ id: `call_${call.seq}`, type: "function", function: { name: decision.name, arguments: decision.arguments } }] }
-      : { role: "assistant", content: decision.content };
+      ? { role: "assistant", content: null, ...thought, tool_calls: [{ id: `call_${call.seq}`, type: "function", function: { name: decision.name, arguments: decision.arguments } }] }
+      : { role: "assistant", content: decision.content, ...thought };
   return {
     id: `chatcmpl-${call.seq}`,
     object: "chat.completion",
@@ -244,6 +259,7 @@ async function streamCompletion(
   staging: string,
   controls: BackendControls,
   delay: number,
+  reasoning: ReasoningField | undefined,
 ): Promise<void> {
   raw.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache", connection: "keep-alive", "x-ng-staging-key": staging });
   const base = { id: `chatcmpl-${call.seq}`, object: "chat.completion.chunk", created: Math.floor(Date.now() / 1000), model: model ?? "policy" };
@@ -254,6 +270,7 @@ async function streamCompletion(
   };
   const chunk = (delta: object, finish: string | null, extra: object = {}) => JSON.stringify({ ...base, choices: [{ index: 0, delta, finish_reason: finish, logprobs: null }], ...extra });
   if (!(await write(chunk({ role: "assistant", content: decision.type === "answer" ? "" : null }, null)))) return void (call.aborted = true);
+  if (reasoning && !(await write(chunk({ [reasoning]: thoughtOf(decision) }, null)))) return void (call.aborted = true);
   if (decision.type === "tool_call") {
     if (!(await write(chunk({ tool_calls: [{ index: 0, id: `call_${call.seq}`, type: "function", function: { name: decision.name, arguments: "" } }] }, null)))) return void (call.aborted = true);
   }
