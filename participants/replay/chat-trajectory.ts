@@ -39,19 +39,28 @@ export function chatToMessage(m: ChatMessageLike): Message {
       return { role: "tool", tool_call_id: m.tool_call_id ?? "", content, ...(m.name != null && { name: m.name }) };
     case "assistant": {
       const calls = (m.tool_calls ?? []).map((c) => ({ id: c.id, name: c.function.name, arguments: c.function.arguments }));
-      // The model's reasoning is part of the conversation a replay continues (a field chat messages
-      // pass through unchecked: only text, or null, is a record's). Newer vLLM names it `reasoning`,
-      // taken where `reasoning_content` holds no text (while vLLM sent both, they held the same text).
-      const named = [m["reasoning_content"], m["reasoning"]];
-      const reasoning = named.find((r) => typeof r === "string") ?? named.find((r) => r === null);
+      const reasoning = chatReasoning(m);
       return {
         role: "assistant",
         content: m.content ?? null,
-        ...((typeof reasoning === "string" || reasoning === null) && { reasoning_content: reasoning }),
+        ...(reasoning !== undefined && { reasoning_content: reasoning }),
         ...(calls.length > 0 && { tool_calls: calls }),
       };
     }
   }
+}
+
+/**
+ * An assistant chat message's reasoning, as a record's `reasoning_content` (text, null, or undefined
+ * when it has none). The model's reasoning is part of the conversation a replay continues; chat
+ * messages pass it through unchecked, so only text, or null, is taken. Newer vLLM names it
+ * `reasoning`, taken where `reasoning_content` holds no text (while vLLM sent both, they held the
+ * same text).
+ */
+export function chatReasoning(m: Record<string, unknown>): string | null | undefined {
+  const named = [m["reasoning_content"], m["reasoning"]];
+  const reasoning = named.find((r) => typeof r === "string" && r.length > 0) ?? named.find((r) => typeof r === "string") ?? named.find((r) => r === null);
+  return typeof reasoning === "string" || reasoning === null ? reasoning : undefined;
 }
 
 /** Text of record content (image parts have no chat-text form and are dropped). */

@@ -1,6 +1,7 @@
 import { setTimeout as pause } from "node:timers/promises";
 import { z } from "zod";
 import { CheckpointError, describeZodError, keepingProtoKey, rolloutPath } from "../../../protocol/index.js";
+import { chatReasoning } from "../../replay/chat-trajectory.js";
 import { expectOk, isRefusal, postJson, trimSlash } from "./gym-http.js";
 import type { GymTask } from "./gym-task.js";
 
@@ -130,11 +131,11 @@ export async function runTurnLoop(
       // The final boundary holds the answer: a crash between here and the caller receiving it must
       // not make the restored activation call the policy again.
       const answer = (reply.content ?? "").trim();
-      const final: ChatMessage[] = [...messages.map((m) => ({ ...m })), { role: "assistant", content: reply.content ?? null }];
+      const final: ChatMessage[] = [...messages.map((m) => ({ ...m })), assistantTurn(reply, [])];
       await driver.boundary(restorable({ messages: final, answer, ...seeded }));
       return { answer, modelCalls, messages: final };
     }
-    messages.push({ role: "assistant", content: reply.content ?? null, tool_calls: calls });
+    messages.push(assistantTurn(reply, calls));
     for (const call of calls) {
       const unknown = unknownToolError(call.function.name);
       if (unknown) {
@@ -163,6 +164,25 @@ export async function runTurnLoop(
   const unanswered = messages.map((m) => ({ ...m }));
   await driver.boundary(restorable({ messages: unanswered, answer: "", ...seeded }));
   return { answer: "", modelCalls, messages: unanswered };
+}
+
+/**
+ * The assistant turn the loop keeps from a policy reply: its content, tool calls and the model's
+ * reasoning (`reasoning_content`, the record format's name, also for newer vLLM's `reasoning`), so a
+ * parked conversation, the trajectory and a replay continuing from either hold what the model
+ * produced. Other keys of the reply (refusal, audio, provider extras) are not kept. A reply without
+ * reasoning text gets no key: such conversations are sent, parked and digested as they always were.
+ * The reasoning is sent back on later calls (see docs/gym.md, "Reasoning"): what the continued call
+ * sends is what was parked, so a restored call's conversation digest matches.
+ */
+function assistantTurn(reply: ChatMessage, calls: NonNullable<ChatMessage["tool_calls"]>): ChatMessage {
+  const reasoning = chatReasoning(reply);
+  return {
+    role: "assistant",
+    content: reply.content ?? null,
+    ...(typeof reasoning === "string" && reasoning.length > 0 && { reasoning_content: reasoning }),
+    ...(calls.length > 0 && { tool_calls: calls }),
+  };
 }
 
 /**
@@ -227,6 +247,8 @@ const StreamChunkSchema = z
             delta: z
               .object({
                 content: z.string().nullable().optional(),
+                reasoning_content: z.string().nullable().optional(),
+                reasoning: z.string().nullable().optional(),
                 tool_calls: z
                   .array(
                     z
@@ -271,6 +293,8 @@ function streamErrorMessage(error: unknown): string {
 /** Rebuilds one assistant message from OpenAI-style SSE chunks; a chunk carrying `error` fails the call (upstream_failed). */
 export function assembleStream(text: string): ChatMessage {
   let content = "";
+  // Reasoning under either name, each kept apart: a server sending both sends the same text twice.
+  const reasoning = { reasoning_content: "", reasoning: "" };
   const tools = new Map<number, { id: string; name: string; arguments: string }>();
   for (const line of text.split("\n")) {
     const trimmed = line.trim();
@@ -287,6 +311,8 @@ export function assembleStream(text: string): ChatMessage {
     const delta = chunk.choices?.[0]?.delta;
     if (!delta) continue;
     if (typeof delta.content === "string") content += delta.content;
+    if (typeof delta.reasoning_content === "string") reasoning.reasoning_content += delta.reasoning_content;
+    if (typeof delta.reasoning === "string") reasoning.reasoning += delta.reasoning;
     for (const call of delta.tool_calls ?? []) {
       const index = call.index ?? 0;
       const entry = tools.get(index) ?? { id: "", name: "", arguments: "" };
@@ -299,7 +325,13 @@ export function assembleStream(text: string): ChatMessage {
   const toolCalls = [...tools.entries()]
     .sort(([a], [b]) => a - b)
     .map(([, t]) => ({ id: t.id, type: "function" as const, function: { name: t.name, arguments: t.arguments } }));
-  return { role: "assistant", content: content.length ? content : null, ...(toolCalls.length && { tool_calls: toolCalls }) };
+  const thought = reasoning.reasoning_content || reasoning.reasoning;
+  return {
+    role: "assistant",
+    content: content.length ? content : null,
+    ...(thought.length > 0 && { reasoning_content: thought }),
+    ...(toolCalls.length && { tool_calls: toolCalls }),
+  };
 }
 
 /** Longest tool name a tool error quotes: the name is the policy's, of any length. */
