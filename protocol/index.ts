@@ -15,7 +15,7 @@ export { isHttpUrl, redactUrl } from "./http-url.js";
 export { refuseMalformedHttpRequest, refuseUnknownExpectations } from "./malformed-http-request.js";
 export { decodedHeaders } from "./message-headers.js";
 export { HEADER_SENT_AT, formatSentAt, parseSentAt } from "./sent-at-header.js";
-export { HEADER_COORDINATOR_EPOCH, HEADER_COORDINATOR_ID, formatCoordinatorIdHeader, parseCoordinatorEpochHeader, parseCoordinatorIdHeader } from "./readyz-headers.js";
+export { HEADER_COORDINATOR_EPOCH, HEADER_COORDINATOR_ID, HEADER_COORDINATOR_SERVED, formatCoordinatorIdHeader, parseCoordinatorEpochHeader, parseCoordinatorIdHeader } from "./readyz-headers.js";
 export { isStorageFailure, isUnreadableStorage, namePath } from "./storage-failure.js";
 export { LineSplitter, textLines, type SplitLine } from "./line-splitter.js";
 export { taskOfLine, taskRowOf } from "./task-line.js";

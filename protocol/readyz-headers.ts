@@ -8,6 +8,14 @@
 export const HEADER_COORDINATOR_ID = "Gym-Coordinator-Id";
 /** The leadership term the answering coordinator holds: on every 200, on a 503 only while it holds one. */
 export const HEADER_COORDINATOR_EPOCH = "Gym-Coordinator-Epoch";
+/**
+ * `1` beside the epoch header when the term it names has served the controller API (its lease marked
+ * serving): a 503 then comes from a leader stopping gracefully (it answers the ops under way before it
+ * lets the lease go) or whose renewal lapsed (it serves again once one lands), which may hold the op,
+ * not from a new leader waiting out its first lease period or recovering. Absent from a coordinator
+ * before it: its refusals naming a term count as a term that did not serve yet.
+ */
+export const HEADER_COORDINATOR_SERVED = "Gym-Coordinator-Served";
 
 /**
  * The id header's value: percent-encoded as `encodeURIComponent` does, since a configured

@@ -6,6 +6,7 @@ import {
   CONTROLLER_OP_NAMES,
   CheckpointError,
   HEADER_COORDINATOR_EPOCH,
+  HEADER_COORDINATOR_SERVED,
   HEADER_COORDINATOR_ID,
   MAX_CHECKPOINT_ID_CHARS,
   MAX_CONTROL_MESSAGE_BYTES,
@@ -115,6 +116,9 @@ export class HttpControllerApi {
       // of the coordinator that took it, never a standby's.
       reply.header(HEADER_COORDINATOR_ID, formatCoordinatorIdHeader(state.id));
       if (state.epoch !== null) reply.header(HEADER_COORDINATOR_EPOCH, String(state.epoch));
+      // A refusal of a term that served (stopping, or its renewal lapsed) may come from the op's own
+      // coordinator: a client must not take it for a successor that did not serve yet.
+      if (state.epoch !== null && state.serving === true) reply.header(HEADER_COORDINATOR_SERVED, "1");
       if (this.stopping || !state.ready || !this.options.engine.recovered) return this.refuse(reply, new CheckpointError("not_leader", `this coordinator is not the ready leader${why}`));
       return { ok: true, epoch: state.epoch };
     });

@@ -1,5 +1,5 @@
 import { z } from "zod";
-import { CONTROLLER_OPS, CheckpointIdSchema, ERROR_CATALOG, ErrorReplySchema, HEADER_COORDINATOR_EPOCH, HEADER_COORDINATOR_ID, PROTOCOL_VERSION, controllerOpRefusals, type ControllerOp } from "../../protocol/index.js";
+import { CONTROLLER_OPS, CheckpointIdSchema, ERROR_CATALOG, ErrorReplySchema, HEADER_COORDINATOR_EPOCH, HEADER_COORDINATOR_ID, HEADER_COORDINATOR_SERVED, PROTOCOL_VERSION, controllerOpRefusals, type ControllerOp } from "../../protocol/index.js";
 
 /** HTTP route of each controller op. */
 export function httpRoute(op: ControllerOp): { method: "GET" | "POST"; url: string } {
@@ -78,6 +78,11 @@ export function buildOpenApiDocument(): Record<string, unknown> {
       description: epochRequired ? "Its leadership term, as the body's epoch" : "The leadership term it holds while not ready yet; absent while it holds none",
       required: epochRequired,
       schema: term,
+    },
+    [HEADER_COORDINATOR_SERVED]: {
+      description: "1 when the term it holds has served the controller API (on a 503: a leader stopping gracefully or whose lease renewal lapsed, which may be answering an op; not a new leader waiting out its first lease period); absent otherwise",
+      required: false,
+      schema: { type: "string", const: "1" },
     },
   });
   paths["/readyz"] = {

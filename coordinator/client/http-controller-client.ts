@@ -1,7 +1,7 @@
 import { constants } from "node:buffer";
 import { context, propagation } from "@opentelemetry/api";
 import { Agent, fetch } from "undici";
-import { CONTROLLER_OPS, CheckpointError, ErrorReplySchema, HEADER_COORDINATOR_EPOCH, HEADER_COORDINATOR_ID, describeZodError, parseCoordinatorEpochHeader, parseCoordinatorIdHeader, timeoutSignal, timerDelay, type ControllerOp, type CtlReplyOf, type CtlRequestInputOf, type CtlRequestOf } from "../../protocol/index.js";
+import { CONTROLLER_OPS, CheckpointError, ErrorReplySchema, HEADER_COORDINATOR_EPOCH, HEADER_COORDINATOR_ID, HEADER_COORDINATOR_SERVED, describeZodError, parseCoordinatorEpochHeader, parseCoordinatorIdHeader, timeoutSignal, timerDelay, type ControllerOp, type CtlReplyOf, type CtlRequestInputOf, type CtlRequestOf } from "../../protocol/index.js";
 import { readCappedText } from "../../protocol/capped-body.js";
 import { UNTIMED_DISPATCHER } from "../../protocol/untimed-dispatcher.js";
 import { httpRoute } from "../api/openapi.js";
@@ -199,7 +199,8 @@ export class HttpControllerClient extends ControllerClient {
    * Until `answered` aborts, `lose`s the op (`outcome_unknown`) once the coordinator that took it
    * fails `/readyz` READY_FAILURES times in a row (it stopped leading, or stopped answering: frozen,
    * partitioned without a reset), or `/readyz` names another epoch than when the op was sent (behind a
-   * load balancer, another coordinator leads now). The coordinator that took it is the ready leader
+   * load balancer, another coordinator leads now), ready or refusing with a higher term held (a
+   * successor not ready yet: the op's term lost the lease). The coordinator that took it is the ready leader
    * as it was sent, its id (the HEADER_COORDINATOR_ID of a `/readyz` answer) and epoch read beside
    * the op, or taken from a read sent at most LEASE_READ_REUSE_MS before it, as the NATS client
    * reads the lease; one read failing or refused then, the first ready answer later. The checks
@@ -209,7 +210,9 @@ export class HttpControllerClient extends ControllerClient {
    * op's is not known yet, unless it names a term too (HEADER_COORDINATOR_EPOCH: that coordinator
    * holds the lease without serving, so no ready leader serves, whoever took the op): a failure, and
    * that term, ready later, did not take the op (a ready leader took it; see `unserving`). A refusal
-   * naming none (a coordinator before that header) counts as the op's coordinator's. A `/readyz`
+   * of a term that served (HEADER_COORDINATOR_SERVED: a leader stopping gracefully, which answers its
+   * ops before it lets the lease go, or whose renewal lapsed) says nothing either, whoever took the op:
+   * it may be answering it. A refusal naming none (a coordinator before that header) counts as the op's coordinator's. A `/readyz`
    * whose connection is refused or reset as it closes, or a proxy's 502/503 for it, is no failure
    * (see STOPPING_WAIT_MS): the coordinator closes its connections and listener to stop gracefully,
    * and answers the op or exits, which drops the op's connection.
@@ -222,8 +225,8 @@ export class HttpControllerClient extends ControllerClient {
     // Terms seen holding the lease without serving since the op was sent, while its coordinator was
     // not known: ready later, such a term is a successor that did not serve yet (a new leader waits a
     // lease period and recovers first), never the ready leader that took the op, as the NATS client
-    // reads a lease that did not serve yet. (A term whose renewal lapsed and then landed serves again:
-    // its op ends so too, safely, since a retry gets its answer.)
+    // reads a lease that did not serve yet. A term that served (a lapsed renewal, a stop) says so and is
+    // never taken for one: ready again, it may be the one answering the op.
     const unserving = new Set<number>();
     let unreachableSince: number | undefined;
     const lost = (why: string) => new CheckpointError("outcome_unknown", `the coordinator at ${this.options.baseUrl} ${why} before it answered; retry the op to learn its outcome`);
@@ -241,7 +244,9 @@ export class HttpControllerClient extends ControllerClient {
           // Read up to the cap (a proxy's 503 may be endless), to tell the API's own refusal from a proxy's.
           if (UNREACHABLE_VIA_GATEWAY.has(response.status)) {
             const text = await readCappedText(response, MAX_READYZ_REPLY_BYTES, "/readyz").catch(() => "");
-            return isRefusal(text) ? { ready: false, refusedBy: answeredBy, heldEpoch: parseCoordinatorEpochHeader(response.headers.get(HEADER_COORDINATOR_EPOCH)) } : "unreachable";
+            if (!isRefusal(text)) return "unreachable";
+            const heldEpoch = parseCoordinatorEpochHeader(response.headers.get(HEADER_COORDINATOR_EPOCH));
+            return { ready: false, refusedBy: answeredBy, heldEpoch, served: heldEpoch !== undefined && response.headers.get(HEADER_COORDINATOR_SERVED) === "1" };
           }
           // Any other refusal's body is not read at all (cancelled, closing the connection).
           await response.body?.cancel().catch(() => undefined);
@@ -261,7 +266,7 @@ export class HttpControllerClient extends ControllerClient {
         ? undefined
         : readyz().then((answer) => {
             took ??= readyLeaderOf(answer);
-            if (took === undefined && typeof answer === "object" && !answer.ready && answer.heldEpoch !== undefined) unserving.add(answer.heldEpoch);
+            if (took === undefined && typeof answer === "object" && !answer.ready && answer.heldEpoch !== undefined && !answer.served) unserving.add(answer.heldEpoch);
           });
     const check = async () => {
       await asSent;
@@ -282,8 +287,13 @@ export class HttpControllerClient extends ControllerClient {
         failures = 0;
         return undefined;
       }
-      // Another coordinator's refusal, or a standby's while the op's is unknown: no word on the op's.
       const refusal = answer?.ready === false ? answer : undefined;
+      // A term above the op's holds the lease (a successor, ready or not yet): the op's term is gone.
+      if (refusal?.heldEpoch !== undefined && typeof took?.epoch === "number" && refusal.heldEpoch > took.epoch) return lost(`changed leader (epoch ${took.epoch}, now ${refusal.heldEpoch})`);
+      // A term that served refusing (stopping gracefully, or its renewal lapsed) may be answering the
+      // op: no word on it, as a standby's. It lets the lease go only once its ops are answered.
+      if (refusal?.served) return undefined;
+      // Another coordinator's refusal, or a standby's while the op's is unknown: no word on the op's.
       if (refusal?.refusedBy !== undefined && refusal.refusedBy !== took?.id) {
         if (took !== undefined || refusal.heldEpoch === undefined) return undefined;
         unserving.add(refusal.heldEpoch);
@@ -411,10 +421,10 @@ interface ReadyLeader {
 
 /**
  * A `/readyz` answer: ready (naming the leader), the API's refusal (naming the coordinator that
- * refused and the term it holds, when it does), a stop in progress ("unreachable", see STOPPING_WAIT_MS), or none
+ * refused, the term it holds and whether that term served, when it does), a stop in progress ("unreachable", see STOPPING_WAIT_MS), or none
  * (undefined: no answer in time, another status, a body past the cap).
  */
-type ReadyzAnswer = { ready: true; leader: ReadyLeader } | { ready: false; refusedBy: string | undefined; heldEpoch: number | undefined } | "unreachable" | undefined;
+type ReadyzAnswer = { ready: true; leader: ReadyLeader } | { ready: false; refusedBy: string | undefined; heldEpoch: number | undefined; served: boolean } | "unreachable" | undefined;
 
 /** The leader a ready answer names; undefined for any other answer. */
 function readyLeaderOf(answer: ReadyzAnswer): ReadyLeader | undefined {

@@ -887,8 +887,9 @@ export class CheckpointEngine {
    * Until then `checkpoint` is null while a predecessor's may be journaled (recovery opens it again),
    * and a reader acting on "nothing open" (the collector's start) must not take it for the leader's word.
    */
-  private servingState(): ReturnType<Leadership["state"]> {
-    const state = this.options.leadership.state();
+  private servingState(): Omit<ReturnType<Leadership["state"]>, "serving"> {
+    // `serving` is the /readyz header's (HEADER_COORDINATOR_SERVED), no field of the status reply.
+    const { serving: _serving, ...state } = this.options.leadership.state();
     return { ...state, ready: state.ready && this.recovered };
   }
 

@@ -136,7 +136,7 @@ export class LeaderLease implements Leadership {
   state(): LeadershipState {
     const leader = this.heldEpoch !== null;
     const now = this.clock.monotonic();
-    return { id: this.options.id, leader, ready: leader && now >= this.readyAt && this.renewedRecently(now), epoch: this.heldEpoch };
+    return { id: this.options.id, leader, ready: leader && now >= this.readyAt && this.renewedRecently(now), epoch: this.heldEpoch, serving: leader && this.serving };
   }
 
   /** Local expiry: a successor may hold the key once a lease period passed without a renewal. */

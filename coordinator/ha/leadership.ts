@@ -6,6 +6,11 @@ export interface LeadershipState {
   /** Leader and past the first lease period: allowed to send phase messages. */
   ready: boolean;
   epoch: number | null;
+  /**
+   * The term held serves the controller API (marked once recovered and subscribed), ready or not
+   * now (a renewal lapsed, a stop under way). Absent where unknown (StaticLeadership): taken as not.
+   */
+  serving?: boolean;
 }
 
 /** What the engine asks before every phase message. */

@@ -2,7 +2,7 @@ import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { afterEach, describe, expect, it } from "vitest";
 import { HttpControllerClient } from "../../coordinator/client/http-controller-client.js";
-import { HEADER_COORDINATOR_EPOCH, HEADER_COORDINATOR_ID } from "../../protocol/index.js";
+import { HEADER_COORDINATOR_EPOCH, HEADER_COORDINATOR_ID, HEADER_COORDINATOR_SERVED } from "../../protocol/index.js";
 import { waitUntil } from "../support/wait-until.js";
 import { outcomeAcrossWallStepBack } from "../support/wall-clock-step.js";
 
@@ -254,6 +254,71 @@ describe("HTTP controller client", () => {
       (error: unknown) => (settled = error),
     );
     await waitUntil(() => resets >= 6 || settled !== "pending", "six /readyz checks reset");
+    expect(settled).toBe("pending");
+  });
+
+  // Once the op's coordinator was known, another coordinator's refusal was ignored even when it named
+  // a higher term than the op's (a successor waiting out its first lease period): the op's term is
+  // gone then, yet the op waited for that successor's first ready answer. A refusal naming no term
+  // (a standby) or a lower one (a deposed predecessor not yet aware) still says nothing.
+  it("a refusal naming a higher term than the op's ends it at once: its coordinator lost the lease", async () => {
+    let answering: "leader" | "standby" | "predecessor" | "successor" = "leader";
+    let checks = 0;
+    const url = await listen((req, res) => {
+      if (req.url !== "/readyz") return; // the op: never answered (its coordinator froze)
+      checks += 1;
+      if (answering === "leader") return void res.writeHead(200, { "content-type": "application/json", [HEADER_COORDINATOR_ID]: "coord-a", [HEADER_COORDINATOR_EPOCH]: "3" }).end(JSON.stringify({ ok: true, epoch: 3 }));
+      const term = answering === "predecessor" ? { [HEADER_COORDINATOR_EPOCH]: "2" } : answering === "successor" ? { [HEADER_COORDINATOR_EPOCH]: "4" } : {};
+      res.writeHead(503, { "content-type": "application/json", [HEADER_COORDINATOR_ID]: answering === "predecessor" ? "coord-c" : "coord-b", ...term }).end(NOT_LEADER);
+    });
+    const client = new HttpControllerClient({ baseUrl: url, token: "t", readyCheckMs: 200 });
+    let settled: unknown = "pending";
+    void client.commit({ checkpoint_id: "lb4", episode_ids: [], deadline_ts: Date.now() / 1000 + 30 }).then(
+      (reply) => (settled = reply),
+      (error: unknown) => (settled = error),
+    );
+    await waitUntil(() => checks >= 2, "the leader to answer the check beside the op");
+    for (const other of ["standby", "predecessor"] as const) {
+      answering = other;
+      const before = checks;
+      await waitUntil(() => checks >= before + 4, `four checks answered by the ${other}'s refusal`);
+      expect(settled).toBe("pending");
+    }
+    answering = "successor";
+    const before = checks;
+    await waitUntil(() => settled !== "pending", "the op to end once a higher term holds the lease", 10_000);
+    expect(checks).toBe(before + 1);
+    expect(settled).toMatchObject({ code: "outcome_unknown", message: expect.stringContaining("changed leader (epoch 3, now 4)") });
+  });
+
+  // f0c9baef counted every refusal naming a term while the op's coordinator was not known yet as a
+  // term not serving yet: a failure, and its first ready answer ended the op. A leader whose renewal
+  // lapsed for a moment (503 with its term, then ready again in it) or one stopping gracefully (503
+  // with its term on the connections it still serves, while it answers the ops under way before it
+  // lets the lease go) ended the op it was answering. Such a term says it served (HEADER_COORDINATOR_SERVED):
+  // its refusal says nothing about the op, as before f0c9baef, whether its coordinator took the op or not.
+  it.each([
+    // The answers beside the op and after it, then the ones repeated for ever after.
+    ["a leader whose renewal lapsed, ready again in its term, while the op's coordinator is not known", ["standby", "served"], ["ready"]],
+    ["a leader stopping behind a balancer, while the op's coordinator is not known", ["standby"], ["served", "standby"]],
+    ["a leader stopping behind a balancer, the op's coordinator", ["ready"], ["served", "standby"]],
+  ])("a refusal naming a term that served does not end the op: %s", async (_what, first, repeated) => {
+    let checks = 0;
+    const url = await listen((req, res) => {
+      if (req.url !== "/readyz") return; // the op: under way, answered later
+      const at = checks++;
+      const answer = at < first.length ? first[at] : repeated[(at - first.length) % repeated.length];
+      if (answer === "ready") return void res.writeHead(200, { "content-type": "application/json", [HEADER_COORDINATOR_ID]: "coord-a", [HEADER_COORDINATOR_EPOCH]: "3" }).end(JSON.stringify({ ok: true, epoch: 3 }));
+      if (answer === "standby") return void res.writeHead(503, { "content-type": "application/json", [HEADER_COORDINATOR_ID]: "coord-b" }).end(NOT_LEADER);
+      res.writeHead(503, { "content-type": "application/json", [HEADER_COORDINATOR_ID]: "coord-a", [HEADER_COORDINATOR_EPOCH]: "3", [HEADER_COORDINATOR_SERVED]: "1" }).end(NOT_LEADER);
+    });
+    const client = new HttpControllerClient({ baseUrl: url, token: "t", readyCheckMs: 200 });
+    let settled: unknown = "pending";
+    void client.commit({ checkpoint_id: "lb5", episode_ids: [], deadline_ts: Date.now() / 1000 + 30 }).then(
+      (reply) => (settled = reply),
+      (error: unknown) => (settled = error),
+    );
+    await waitUntil(() => checks >= 8 || settled !== "pending", "eight /readyz checks");
     expect(settled).toBe("pending");
   });
 

@@ -11,6 +11,7 @@ import {
   CtlStatusReplySchema,
   ErrorReplySchema,
   HEADER_COORDINATOR_EPOCH,
+  HEADER_COORDINATOR_SERVED,
   HEADER_COORDINATOR_ID,
   MAX_ATTEMPT,
   MAX_CHECKPOINT_ID_CHARS,
@@ -151,8 +152,8 @@ describe("HTTP controller API (real HTTP client)", () => {
     // refusals of the coordinator that took its op), and the ready answer's headers match them.
     const documented = (status: string) => doc.paths["/readyz"]!.get.responses[status].headers as Record<string, { required: boolean; schema: object }>;
     expect(Object.fromEntries(["200", "503"].map((status) => [status, Object.fromEntries(Object.entries(documented(status)).map(([name, header]) => [name, header.required]))]))).toEqual({
-      "200": { [HEADER_COORDINATOR_ID]: true, [HEADER_COORDINATOR_EPOCH]: true },
-      "503": { [HEADER_COORDINATOR_ID]: true, [HEADER_COORDINATOR_EPOCH]: false },
+      "200": { [HEADER_COORDINATOR_ID]: true, [HEADER_COORDINATOR_EPOCH]: true, [HEADER_COORDINATOR_SERVED]: false },
+      "503": { [HEADER_COORDINATOR_ID]: true, [HEADER_COORDINATOR_EPOCH]: false, [HEADER_COORDINATOR_SERVED]: false },
     });
     const ready = await fetch(`${base}/readyz`);
     expect(ready.status).toBe(200);

@@ -254,10 +254,13 @@ describe("leader lease", () => {
     expect(first.epoch).toBeNull(); // the create: its revision is the epoch (a restarted participant's floor)
     await clock.advance(3000);
     expect(written()).toMatchObject({ term: first.term, serving: false, epoch: 101 });
+    expect(l.state().serving).toBe(false);
     const sent = kv.values.length;
     await l.markServing(101);
     expect(kv.values.length).toBe(sent + 1); // not at the next renewal, a lease/3 later
     expect(written()).toMatchObject({ term: first.term, serving: true });
+    // Its state says so too (the HTTP API's /readyz names a term that served, see HEADER_COORDINATOR_SERVED).
+    expect(l.state().serving).toBe(true);
     await clock.advance(1000);
     expect(written()).toMatchObject({ term: first.term, serving: true });
     // lost, then won again: a new term that serves nothing yet
@@ -268,6 +271,7 @@ describe("leader lease", () => {
     await clock.advance(1000);
     expect(l.state().leader).toBe(true);
     expect(written().serving).toBe(false);
+    expect(l.state().serving).toBe(false);
     expect(written().term).not.toBe(first.term);
     // A mark for a term that is over writes nothing.
     const now = kv.values.length;

@@ -3,7 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { HttpControllerApi } from "../../../coordinator/api/http-api.js";
-import { HEADER_COORDINATOR_EPOCH, HEADER_COORDINATOR_ID } from "../../../protocol/index.js";
+import { HEADER_COORDINATOR_EPOCH, HEADER_COORDINATOR_ID, HEADER_COORDINATOR_SERVED } from "../../../protocol/index.js";
 import { journalEmptied, journalEntry, makeEngine, writers } from "./fake-participants.js";
 import { refusalOf } from "../../support/refusal.js";
 
@@ -93,6 +93,26 @@ describe("controller ops wait for recovery (the daemon's engine)", () => {
     expect([ready.headers.get(HEADER_COORDINATOR_ID), ready.headers.get(HEADER_COORDINATOR_EPOCH)]).toEqual([leadership.state().id, null]);
   });
 
+  // A leader whose term served, refusing /readyz (its renewal lapsed; or it stops, answering the ops
+  // under way before it lets the lease go), names its term as one a client did not see take the op
+  // otherwise: the client would take it for a successor not serving yet and end the op it answers.
+  it("HTTP: a leader whose term served says so on its /readyz refusal (renewal lapsed)", async () => {
+    const { engine, leadership } = makeEngine(root);
+    const term = leadership.state();
+    let lapsed = false;
+    const lapsing = Object.assign(Object.create(leadership) as typeof leadership, { state: () => ({ ...term, ready: !lapsed, serving: true }) });
+    http = new HttpControllerApi({ engine, leadership: lapsing, token: "t" });
+    const base = await http.start();
+    const answer = async () => {
+      const response = await fetch(`${base}/readyz`);
+      await response.body?.cancel();
+      return [response.status, response.headers.get(HEADER_COORDINATOR_EPOCH), response.headers.get(HEADER_COORDINATOR_SERVED)];
+    };
+    expect(await answer()).toEqual([200, String(term.epoch), "1"]);
+    lapsed = true;
+    expect(await answer()).toEqual([503, String(term.epoch), "1"]);
+  });
+
   it("HTTP: /readyz and the ops answer not_leader while the lease is ready but recovery has not run", async () => {
     const { engine, leadership } = makeEngine(root, { requireRecovery: true });
     http = new HttpControllerApi({ engine, leadership, token: "t" });
@@ -104,6 +124,8 @@ describe("controller ops wait for recovery (the daemon's engine)", () => {
     // refused and the term it holds (a client behind a balancer compares the id).
     expect(await ready.json()).toEqual({ error: { code: "not_leader", detail: expect.any(String) } });
     expect([ready.headers.get(HEADER_COORDINATOR_ID), ready.headers.get(HEADER_COORDINATOR_EPOCH)]).toEqual([leadership.state().id, String(leadership.state().epoch)]);
+    // A term not serving yet: no word that it served (a client counts its refusals as a term not serving yet).
+    expect(ready.headers.get(HEADER_COORDINATOR_SERVED)).toBeNull();
     const prepare = () => fetch(`${base}/v1/prepare`, { method: "POST", headers: { authorization: "Bearer t" }, body: JSON.stringify({ checkpoint_id: "h1" }) });
     expect((await prepare()).status).toBe(503);
     await engine.recover();
