@@ -110,8 +110,9 @@ interface OpenCheckpoint {
   manifestDigests?: Map<string, string>;
   /**
    * A restore's (opened here): how the id's previous restore settled, as the journal recorded it
-   * when this one opened. This restore's entry takes that record's place; removed after this one
-   * changed nothing (refused everywhere, or its write failed), it writes the record back.
+   * when this one opened (or, that restore's entry still there, as its removal scheduled here is to
+   * record it: restoreRecords). This restore's entry takes that record's place; removed after this
+   * one changed nothing (refused everywhere, or its write failed), it writes the record back.
    */
   outcomeBefore?: RestoreOutcome;
   /**
@@ -388,6 +389,13 @@ export class CheckpointEngine {
    * a resume retried meanwhile answers only once the entry is gone (see completionJournaled).
    */
   private readonly restoreRemovals = new Map<string, Promise<boolean>>();
+  /**
+   * Per id, the restore outcome record this term's last removal of its entry writes, set when that
+   * removal is scheduled (absent: a plain one): until it lands the key still holds the entry, and a
+   * restore opened meanwhile reads no record from the journal, yet takes that record's place
+   * (outcomeBefore). One writer per term, so it stays what the key holds once removed.
+   */
+  private readonly restoreRecords = new Map<string, RestoreOutcome>();
   /**
    * The last successful reply per (id, op) of the most recent checkpoints, with the arguments it
    * answered: a controller retrying after a lost reply gets it again once the checkpoint closed.
@@ -793,7 +801,8 @@ export class CheckpointEngine {
       this.assertJournalable({ ...open, incarnations: new Map(members.map((m) => [memberKey(m.kind, m.instance), longest])) }, "resuming");
       assertCleanupRetireFits(open, deadlineMs);
       // The entry of a published checkpoint nobody resumed holds the key: no record there.
-      if (!unresumed) open.outcomeBefore = await this.journaledRestoreOutcome(id, `restore of checkpoint ${id}`, "nothing was sent; send the restore again");
+      // A removal of the id's last restore's entry scheduled here may not have landed yet: its record.
+      if (!unresumed) open.outcomeBefore = (await this.journaledRestoreOutcome(id, `restore of checkpoint ${id}`, "nothing was sent; send the restore again")) ?? this.restoreRecords.get(id);
       // Closed before the restore's write, so its entry's removal yields to that write.
       const wasClosed = this.closed.get(id);
       if (unresumed && this.open === unresumed) this.close(id);
@@ -816,6 +825,7 @@ export class CheckpointEngine {
           else this.closed.set(id, wasClosed);
           this.journal(unresumed, "decided").catch((cause: unknown) => this.checkpointLog(id).warn({ err: cause }, "restore_unjournaled_entry_not_put_back"));
         } else {
+          this.removalRecords(id, open.outcomeBefore);
           void this.options.writer.durable().then(() => this.removeEntry(id, writes, term, open.outcomeBefore), () => this.entryKept(id, writes));
         }
         throw refusal;
@@ -2092,6 +2102,7 @@ export class CheckpointEngine {
     if (this.open === open) this.open = undefined;
     putBack();
     // It changed nothing: an earlier restore's record stays as it was.
+    this.removalRecords(open.id, open.outcomeBefore);
     const removal = this.removeEntry(open.id, this.journalWrites.get(open.id), this.leaderTerm, open.outcomeBefore);
     await this.entryRemoved(
       open.id,
@@ -2651,6 +2662,7 @@ export class CheckpointEngine {
     // Abandoned (resumed unpublished, no decision left journaled): its leader may delete what was committed into its directory.
     const abandonedIn = this.abandoned.delete(id) && this.open?.id === id ? this.open.epoch : undefined;
     const outcome = this.restoreOutcomeOf(id);
+    this.removalRecords(id, outcome);
     if (this.open?.id === id) this.open = undefined;
     this.closed.delete(id); // re-added: the most recent last
     this.closed.set(id, this.leaderTerm);
@@ -2691,6 +2703,14 @@ export class CheckpointEngine {
   private restoreOutcomeOf(id: string): RestoreOutcome | undefined {
     if (this.restoreFailures.has(id)) return "restore_failed";
     return this.open?.id === id && (this.open.phase === "restoring" || this.open.phase === "restored") ? "restored" : undefined;
+  }
+
+  /** Notes the record a removal of `id`'s entry, scheduled now, writes (see restoreRecords). */
+  private removalRecords(id: string, outcome: RestoreOutcome | undefined): void {
+    this.restoreRecords.delete(id); // re-added: the most recent last
+    if (outcome === undefined) return;
+    this.restoreRecords.set(id, outcome);
+    keepNewest(this.restoreRecords, REMEMBERED_CLOSED);
   }
 
   /** close() after a resume, keeping where it failed, and the processes it addressed, for a retry of that resume (resumeAgain). */
@@ -2820,6 +2840,8 @@ export class CheckpointEngine {
     // resume asks the participants (releaseHolders) instead of answering success from this term.
     for (const id of this.restoreRemovals.keys()) this.closed.delete(id);
     this.restoreRemovals.clear();
+    // The journal's records are the next term's to read (a successor may write its own meanwhile).
+    this.restoreRecords.clear();
     // Likewise the ids whose resume failed somewhere: a successor may have cleaned up, restored or
     // resumed them since, so their retry asks every participant too, not just this term's list.
     for (const id of this.unresumed.keys()) this.closed.delete(id);

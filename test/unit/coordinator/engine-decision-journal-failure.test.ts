@@ -228,6 +228,53 @@ describe("a restore, or a restored checkpoint's resume, whose journal write fail
 });
 
 /**
+ * docs/protocol.md: the record of how a restore settled is "not overwritten by a later restore that
+ * changed nothing". A restore that closes the id's previous restore (closeIfNobodyHolds: released
+ * before its resume) reads the journal while that restore's entry is still there, its removal (which
+ * writes restore_failed) not landed yet (a slow KV). Before, the new restore took "no record" for
+ * the one before it, and, refused everywhere, purged the key plainly: a later leader then answered
+ * the first restore's retried resume as a success, for rollouts nobody restored.
+ */
+describe("a restore every participant refuses, opened while the removal of the id's previous restore's entry is under way", () => {
+  it("leaves the record that removal writes (restore_failed: released before its resume); a successor answers that resume restore_failed", async () => {
+    let slowRemoval: Promise<void> | undefined;
+    let reached!: () => void;
+    const removalReached = new Promise<void>((resolve) => (reached = resolve));
+    const hooks = {
+      beforeJournalRemove: (id: string) => {
+        if (id !== "base" || !slowRemoval) return undefined;
+        const held = slowRemoval;
+        slowRemoval = undefined; // only the first: the refusal's own removal goes through
+        reached();
+        return held;
+      },
+    };
+    const { engine, fake, journal, clock } = makeEngine(root, { hooks });
+    await engine.checkpoint({ checkpoint_id: "base", episode_ids: null, stop: false, controller_state: null });
+    await journalEmptied(journal);
+    await engine.restore({ checkpoint_id: "base", episode_ids: R1 });
+    // Its processes restart before its resume: nobody holds it. The next restore is refused by every
+    // one of the fresh processes (nothing installed).
+    for (const m of FOUR_KINDS) {
+      fake.restart(m.kind, m.instance);
+      fake.set(m.kind, m.instance, "restore", { error: "invalid_request" });
+    }
+    let release!: () => void;
+    slowRemoval = new Promise<void>((resolve) => (release = resolve));
+    const error = await answered(engine.restore({ checkpoint_id: "base", episode_ids: R1 }));
+    expect(error.code).toBe("invalid_request");
+    await removalReached;
+    release();
+    await journalEmptied(journal);
+    expect(await journal.restoreOutcome("base")).toBe("restore_failed");
+    // A leader of a later term answering the first restore's resume, retried.
+    const successor = makeEngine(root, { successorOf: { fake, journal, clock }, epoch: 8 });
+    await successor.engine.recover();
+    expect((await answered(successor.engine.resume({ checkpoint_id: "base" }))).code).toBe("restore_failed");
+  });
+});
+
+/**
  * docs/api.md prepare: journal_unavailable "a retry of that id among the leader's last 8 such gets
  * the same reply"; "A retry answered from memory is not refused for a past deadline". A controller
  * whose reply was lost retries with the same body once its wait (deadline_ts + slack) is over: it
