@@ -37,6 +37,8 @@ export interface StartCoordinatorOptions {
   nc?: NatsConnection;
   /** Test-only fault injection. */
   hooks?: EngineHooks;
+  /** Test-only: how long a removed journal entry's purge marker stays (KvDecisionJournal.open's `markerKeepMs`; 30 min). */
+  journalMarkerKeepMs?: number;
   /** Called just before the leader lease starts campaigning: from then on this process may hold the leader key, which only `stop()` releases before it expires. */
   beforeCampaign?: () => void;
 }
@@ -115,7 +117,7 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
     registry = new WatchedMemberRegistry(membersKv, logger, clock, MEMBER_TTL_MS, MEMBER_HEARTBEAT_MS, () => openMembersBucket(nc, config.deployment));
     await registry.start();
     // A restore's outcome record stays while its checkpoint does (the root must be held to tell).
-    journal = await KvDecisionJournal.open(nc, config.deployment, logger, undefined, (id) => {
+    journal = await KvDecisionJournal.open(nc, config.deployment, logger, options.journalMarkerKeepMs, (id) => {
       catalog.assertRootHeld();
       return catalog.has(id);
     });

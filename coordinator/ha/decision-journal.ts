@@ -237,24 +237,29 @@ export class KvDecisionJournal implements DecisionJournal {
 
   private async dropOldMarkers(): Promise<void> {
     const now = Date.now();
+    const unreadable: { key: string; error: unknown }[] = [];
     // A restore's marker (it has a body: its outcome) also waits for its checkpoint to leave the catalog.
     const old = (await latestEntries(this.kv)).filter(
-      (e) => e.operation !== "PUT" && e.created.getTime() <= now - this.options.markerKeepMs && (e.length === 0 || this.checkpointGone(e.key)),
+      (e) => e.operation !== "PUT" && e.created.getTime() <= now - this.options.markerKeepMs && (e.length === 0 || this.checkpointGone(e.key, unreadable)),
     );
+    // One line per compaction: while the root is unmounted every record is kept, and one each was a flood.
+    if (unreadable.length) {
+      this.logger?.warn({ records: unreadable.length, keys: unreadable.slice(0, 10).map((u) => u.key), err: unreadable[0]!.error }, "journal_restore_outcomes_kept_catalog_unreadable");
+    }
     if (old.length === 0) return;
     const jsm = await jetstreamManager(this.nc);
     for (const { key, revision } of old) await jsm.streams.purge(`KV_${this.bucket}`, { filter: `$KV.${this.bucket}.${key}`, seq: revision + 1 });
     this.logger?.info({ markers: old.length }, "journal_markers_dropped");
   }
 
-  /** Whether a restore's outcome record may go: its checkpoint left the catalog (see open). */
-  private checkpointGone(key: string): boolean {
+  /** Whether a restore's outcome record may go: its checkpoint left the catalog (see open). A throw keeps it, noted in `unreadable`. */
+  private checkpointGone(key: string, unreadable: { key: string; error: unknown }[]): boolean {
     const { inCatalog } = this.options;
     if (!inCatalog) return false;
     try {
       return !inCatalog(key);
     } catch (error) {
-      this.logger?.warn({ key, err: error }, "journal_restore_outcome_kept_catalog_unreadable");
+      unreadable.push({ key, error });
       return false;
     }
   }

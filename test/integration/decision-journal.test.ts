@@ -471,4 +471,22 @@ describe("KV decision journal: a restore's outcome", () => {
       vi.useRealTimers();
     }
   });
+
+  // Before, each compaction while the checkpoint root was unmounted logged one warning per record kept.
+  it("kept while the catalog cannot be read, with one warning per compaction naming how many, not one per record", async () => {
+    const { logger, records } = capturingLogger();
+    const inCatalog = (): boolean => {
+      throw new Error("checkpoint root not mounted (scripted)");
+    };
+    const journal = await KvDecisionJournal.open(nats.nc, "joutspam", logger, 0, inCatalog);
+    for (const id of ["c1", "c2", "c3"]) {
+      await journal.record(journalEntry({ checkpoint_id: id, state: "restore_cleanup", participants: [e1] }));
+      await journal.remove(id, "restore_failed");
+    }
+    await journal.compactMarkers();
+    expect(await messages("joutspam")).toBe(3);
+    const warned = records().filter((r) => typeof r.msg === "string" && (r.msg as string).startsWith("journal_restore_outcome"));
+    expect(warned).toHaveLength(1);
+    expect(warned[0]).toMatchObject({ msg: "journal_restore_outcomes_kept_catalog_unreadable", records: 3, keys: ["c1", "c2", "c3"], module: "journal" });
+  });
 });
