@@ -430,6 +430,13 @@ export class Collector {
         if (state?.status === "pending") unfinished.set(e.rollout_id, e.attempt);
         else if (!state && !finished.has(e.rollout_id)) gone.set(e.rollout_id, e.attempt);
       }
+      // The lost log, as far as collection.json tells (its run, the checkpoint, the attempts its scope
+      // names), put back before the resume lets those attempts run on (there is no log to keep): a
+      // start that fails or dies between the resume and their retire would otherwise leave nothing
+      // naming them, and the next start, finding nothing parked, would send them again beside the
+      // attempts resumed. With it, the next start goes on as with the log never lost.
+      const named = [...unfinished, ...gone].map(([rollout_id, attempt]) => ({ rollout_id, attempt }));
+      await DispatchLog.create(this.logPath, ownStop.run_id, named, undefined, knownCheckpoints, this.identity);
     }
     // Our LATEST closed at the coordinator, its resume failed at a live process still parked in it
     // (the checkpoint op's resume_failures), or our stop checkpoint its Gym is kept parked in: the

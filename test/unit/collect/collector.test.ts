@@ -2836,6 +2836,46 @@ describe("collector across a coordinator failover (the engine, then its successo
     expect(w.fake.ops("retire").slice(-1)[0]?.body).toMatchObject({ episode_ids: [a0] });
   });
 
+  // The resume lets the stop checkpoint's attempts run on at the Gym until the start's retire
+  // fences them. Without a log, a start failing between the two (its retire refused, no leader; a
+  // crash) left nothing naming them: the next start found nothing parked and sent a@0 again beside
+  // the resumed a@0. The lost log is put back (from collection.json) before the resume.
+  it("a start that lost dispatched.jsonl and fails after resuming its own stop checkpoint, before its retire: the next start still retires the attempts it resumed", async () => {
+    const w = await failoverWorld((op, n) => (op === "retire" && n <= 3 ? "no-leader" : "pass"));
+    w.fake.memory = true; // live processes: they refuse a restore of the checkpoint they resumed
+    const checkpointId = await stoppedRun(w, { gymKept: true });
+    await rm(join(dir, "dispatched.jsonl"));
+    const failing = collectorIn(w);
+    await expect(failing.start()).rejects.toMatchObject({ code: "not_leader" });
+    expect([...w.fake.state.values()].every((s) => s.phase === "idle")).toBe(true); // resumed: a@0 runs on
+    const collector = collectorIn(w);
+    await collector.start();
+    w.release.resolve();
+    expect(await collector.run()).toMatchObject({ finished: 1, failed: 0, restarted: 1, continued: 0 });
+    // As with the log never lost: the restore of the checkpoint the live processes resumed is
+    // refused, and a@1 is retired (fencing the a@0 resumed) before a@2 goes. Never a@0 again.
+    expect(w.fake.ops("restore").map((c) => c.body.checkpoint_id)).toContain(checkpointId);
+    expect(w.fake.ops("retire").slice(-1)[0]?.body).toMatchObject({ episode_ids: [{ rollout_id: "a", attempt: 1 }] });
+    expect(w.arrived).toEqual([{ rollout_id: "a", attempt: 2 }]);
+  });
+
+  it("a start that lost dispatched.jsonl and fails before resuming its own stop checkpoint: the next start resumes it and retires its attempts", async () => {
+    const w = await failoverWorld((op, n) => (op === "resume" && n <= 3 ? "no-leader" : "pass"));
+    const checkpointId = await stoppedRun(w, { gymKept: true });
+    await rm(join(dir, "dispatched.jsonl"));
+    const failing = collectorIn(w);
+    await expect(failing.start()).rejects.toMatchObject({ code: "not_leader" });
+    expect([...w.fake.state.values()].some((s) => s.phase !== "idle")).toBe(true);
+    const from = w.fake.calls.length;
+    const collector = collectorIn(w);
+    await collector.start();
+    expect(w.fake.calls.slice(from).filter((c) => c.op === "resume").map((c) => c.body.checkpoint_id)).toContain(checkpointId);
+    w.release.resolve();
+    expect(await collector.run()).toMatchObject({ finished: 1, failed: 0 });
+    expect(w.fake.ops("retire").slice(-1)[0]?.body).toMatchObject({ episode_ids: [a0] });
+    expect(w.arrived).toEqual([{ rollout_id: "a", attempt: 1 }]);
+  });
+
   it("another collection's published stop checkpoint (its collection.json names another --out), the Gym parked in it, is not resumed by a start without dispatched.jsonl", async () => {
     const w = await failoverWorld();
     const checkpointId = await stoppedRun(w, { gymKept: true });
