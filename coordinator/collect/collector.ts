@@ -782,7 +782,7 @@ export class Collector {
     if (state?.collection && (await sameCollection(fromCollectionFields(state.collection), this.identity))) return state;
     this.options.logger.warn(
       { checkpoint_id: latest, ...(state?.collection && { its_collection: collectionFlags(fromCollectionFields(state.collection)) }) },
-      `the Gym is parked in published stop checkpoint ${latest}, which is not this collection's as far as its collection.json tells (and ${DISPATCH_LOG_FILE} is not there to name it): left for its controller to stop, and /run is refused admission until then; if it is this collection's (its ${DISPATCH_LOG_FILE} lost), run gym-ckpt resume ${latest}`,
+      parkedStopWarning(latest, state, join(this.options.checkpointDir, latest, COLLECTION_STATE_FILE)),
     );
     return undefined;
   }
@@ -1931,6 +1931,34 @@ function rejectedOnAbort(signal: AbortSignal): Promise<never> {
     if (signal.aborted) reject(signal.reason);
     else signal.addEventListener("abort", () => reject(signal.reason), { once: true });
   });
+}
+
+/** Capture keys a warning names inline at most; more are pointed to in their file. */
+const KEYS_NAMED = 10;
+
+/**
+ * The warning of a start without dispatched.jsonl that leaves the stop checkpoint its Gym is parked
+ * in alone: whose it is as far as `state` (its collection.json, undefined when another controller's)
+ * tells, and, should it be this collection's after all, what to run. A resume alone would let the
+ * attempts its scope names run on beside the rows this collection sends again from attempt 0, so
+ * they are retired too (not before the resume: parked processes refuse a retire), this collector
+ * stopped meanwhile.
+ */
+function parkedStopWarning(id: string, state: CollectionState | undefined, statePath: string): string {
+  const parked = `the Gym is parked in published stop checkpoint ${id}`;
+  const left = `${DISPATCH_LOG_FILE} is not there to name it, so it is left for its controller to stop, and /run is refused admission until then`;
+  if (!state) return `${parked}, which holds another controller's state, not a collection's; ${left}`;
+  const whose = state.collection
+    ? `another collection's (${collectionFlags(fromCollectionFields(state.collection))}), as its ${COLLECTION_STATE_FILE} names it`
+    : `whose ${COLLECTION_STATE_FILE} does not name its collection (written by an older collector)`;
+  const scope = [...state.continued, ...state.restarted];
+  const retire =
+    scope.length === 0
+      ? ""
+      : scope.length <= KEYS_NAMED
+        ? `; gym-ckpt retire --episodes ${scope.map(captureKey).join(",")}`
+        : `; gym-ckpt retire --episodes @<a JSON array of the ${scope.length} attempts ${statePath} lists under continued and restarted>`;
+  return `${parked}, ${whose}; ${left}. If it is this collection's after all (its ${DISPATCH_LOG_FILE} lost), stop this collector and run: gym-ckpt resume ${id}${retire}; then start it again`;
 }
 
 function tracer() {

@@ -2887,8 +2887,15 @@ describe("collector across a coordinator failover (the engine, then its successo
     await other.start();
     expect(w.fake.calls.slice(from).filter((c) => c.op === "resume")).toEqual([]);
     expect([...w.fake.state.values()].some((s) => s.phase !== "idle")).toBe(true);
-    // The operator is told what holds the Gym, and what to run if it is this collection's after all.
-    expect(lines.some((l) => l.msg.includes(checkpointId) && l.msg.includes(`gym-ckpt resume ${checkpointId}`))).toBe(true);
+    // The operator is told what holds the Gym, whose it is, and what to run if it is this
+    // collection's after all: a resume alone would let its attempts (a@0) run on beside the rows
+    // this collection sends again, so they are retired too, with this collector stopped meanwhile.
+    const warning = lines.find((l) => l.msg.includes(checkpointId))?.msg ?? "";
+    expect(warning).toContain(`gym-ckpt resume ${checkpointId}`);
+    expect(warning).toContain("another collection's");
+    expect(warning).toContain(`--out ${join(dir, "results.jsonl")}`);
+    expect(warning).toContain("stop this collector");
+    expect(warning).toContain(`gym-ckpt resume ${checkpointId}; gym-ckpt retire --episodes a;`);
   });
 
   it("a checkpoint left open whose resume landed just before its coordinator died (reply lost): the successor's not_found means nothing is left open, and the start goes on", async () => {
