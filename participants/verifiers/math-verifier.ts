@@ -198,23 +198,41 @@ function closersStart(text: string, end: number): number {
  * (`5\text{ cm}^2`, `5\text{ or }7`, `90^\circ 5`), nor an exponent (`1.5\text{ e3}` is 1500).
  */
 export function numberBeforeUnit(text: string): string | undefined {
-  const before = textBeforeUnit(text);
-  if (before === undefined) return undefined;
-  const number = normalizeAnswer(before);
-  return CANONICAL_NUMBER.test(number) ? number : undefined;
+  return numberAndUnit(text)?.number;
 }
 
-/** What comes before the unit closing `text` (by numberBeforeUnit's rules), number or not; undefined without one. */
-function textBeforeUnit(text: string): string | undefined {
+/**
+ * An answer that is a number followed by a unit (numberBeforeUnit's rules): the number normalized
+ * as a bare one is, and the unit normalized (normalizeUnit), so two such answers compare number to
+ * number and unit to unit.
+ */
+function numberAndUnit(text: string): { number: string; unit: string } | undefined {
+  const split = splitUnit(text);
+  if (split === undefined) return undefined;
+  const number = normalizeAnswer(split.before);
+  return CANONICAL_NUMBER.test(number) ? { number, unit: normalizeUnit(split.unit) } : undefined;
+}
+
+/** The unit closing `text` (by numberBeforeUnit's rules) and what comes before it, number or not; undefined without one. */
+function splitUnit(text: string): { before: string; unit: string } | undefined {
   const answer = degreesOutOfFinalWrapper(plainDegreeWord(stripDecoration(degreeSigns(extractAnswer(text)))));
   const degrees = FINAL_DEGREES.exec(answer);
-  if (degrees) return answer.slice(0, degrees.index);
+  if (degrees) return { before: answer.slice(0, degrees.index), unit: answer.slice(degrees.index) };
   const wrapper = FINAL_TEXT_WRAPPER.exec(answer);
   if (!wrapper) return undefined;
   const number = numberOpeningWrapper(wrapper[1]!);
   const unit = wrapper[1]!.slice(number.length).trim();
   if (!unit || !UNIT.test(unit) || HEDGE.test(unit) || UPRIGHT_CONSTANTS.has(unit) || EXPONENT.test(unit)) return undefined;
-  return answer.slice(0, wrapper.index) + number;
+  return { before: answer.slice(0, wrapper.index) + number, unit };
+}
+
+/**
+ * A unit as splitUnit finds it (`cm`, `km/h`, `°`, `° C`, `°\text{C}`), read as normalizeAnswer
+ * reads text: wrappers unwrapped, spacing removed, case ignored. So `5\text{ cm}`, `5\text{cm}` and
+ * `\text{5 cm}` carry one unit, `90^\circ\text{C}` and `90°C` another; no unit is converted.
+ */
+function normalizeUnit(unit: string): string {
+  return latexPlain(unit).replace(/\s+/g, "").toLowerCase();
 }
 
 /**
@@ -239,16 +257,19 @@ function degreesOutOfFinalWrapper(answer: string): string {
 
 /**
  * Whether two answers are the same: equal once normalized, or the same number where one side
- * carries a unit (numberBeforeUnit) and the other is the bare number. The question names the unit,
- * so a data set's `5` and a model's `5\text{ cm}` (or the reverse) are one answer; two units are
- * compared as they are written (`5 cm` is not `5 m`).
+ * carries a unit (numberAndUnit) and the other is the bare number, or where both carry the same
+ * unit. The question names the unit, so a data set's `5` and a model's `5\text{ cm}` (or the
+ * reverse) are one answer; two units must be one unit as normalized (`5\text{ cm}` is not
+ * `5\text{ m}`: no conversion), their numbers compared as bare numbers are (`5\text{ cm}` is
+ * `5.0\text{ cm}`, `45^\circ` is `\frac{90}{2}^\circ`).
  */
 export function sameAnswer(expected: string, answer: string): boolean {
   const normalized = [normalizeAnswer(expected), normalizeAnswer(answer)] as const;
   if (normalized[0] === normalized[1]) return true;
-  const withUnit = [numberBeforeUnit(expected), numberBeforeUnit(answer)] as const;
-  if (withUnit[0] !== undefined && withUnit[1] === undefined) return withUnit[0] === normalized[1];
-  if (withUnit[1] !== undefined && withUnit[0] === undefined) return withUnit[1] === normalized[0];
+  const withUnit = [numberAndUnit(expected), numberAndUnit(answer)] as const;
+  if (withUnit[0] && withUnit[1]) return withUnit[0].number === withUnit[1].number && withUnit[0].unit === withUnit[1].unit;
+  if (withUnit[0]) return withUnit[0].number === normalized[1];
+  if (withUnit[1]) return withUnit[1].number === normalized[0];
   return false;
 }
 
@@ -267,7 +288,7 @@ function fractionTerms(value: string): [string, string] | undefined {
 export function expectedAnswerProblem(expected: string): string | undefined {
   const normalized = normalizeAnswer(expected);
   if (normalized === "") return "is empty once normalized (only spacing, `$`, periods or an empty \\boxed{})";
-  const beforeUnit = textBeforeUnit(expected);
+  const beforeUnit = splitUnit(expected)?.before;
   if (dividesByZero(normalized) || (beforeUnit !== undefined && dividesByZero(normalizeAnswer(beforeUnit)))) {
     return "divides by zero: it is no number, and no answer could equal it but the same division written out";
   }

@@ -5,8 +5,9 @@ import { MathVerifier } from "../../../participants/verifiers/index.js";
  * docs/verifiers.md: a unit in a text wrapper (`\text{…}`, `\textrm`, `\mathrm`, `\mbox`) after a
  * number is ignored when only one side has a unit (the question names the unit; a data set's bare
  * `5` and a model's `5\text{ cm}` are the same answer), and compared when both have one (`5 cm` is
- * not `5 m`). A plain-text suffix is no unit: it cannot be told from a variable (`5 x`, `2 pi`);
- * only the word degrees is one without a wrapper.
+ * not `5 m`), their numbers as numbers (`5\text{ cm}` is `5.0\text{ cm}`). A plain-text suffix is
+ * no unit: it cannot be told from a variable (`5 x`, `2 pi`); only the word degrees is one without
+ * a wrapper.
  */
 const reward = async (expected_answer: string, answer: string) => (await new MathVerifier().verify({ task: { expected_answer }, answer })).reward;
 
@@ -256,6 +257,61 @@ describe("math verifier: units", () => {
     });
   });
 
+  /*
+   * Both sides with a unit: the numbers compared by the rules of bare numbers (12 significant
+   * digits, fractions, thousands separators, integers exactly), the units as normalized (spacing
+   * and wrappers, every spelling of degrees read as `°`); no unit is converted. Each row: expected,
+   * answer, reward.
+   */
+  describe("both sides with a unit: the numbers as numbers, the units as one unit", () => {
+    it.each([
+      ["5\\text{ cm}", "5.0\\text{ cm}", 1],
+      ["90^\\circ", "90.0^\\circ", 1],
+      ["45^\\circ", "\\frac{90}{2}^\\circ", 1],
+      ["0.5\\text{ m}", "\\frac{1}{2}\\text{ m}", 1],
+      ["-0.5\\text{ m}", "-\\frac{1}{2}\\text{ m}", 1],
+      ["5\\text{ cm}", "\\text{5.0 cm}", 1],
+      ["\\text{5 cm}", "\\boxed{5.00\\text{cm}}", 1],
+      ["1000\\text{ m}", "1,000\\text{ m}", 1],
+      ["1000\\text{ m}", "\\text{1,000 m}", 1],
+      ["2.5e3\\text{ m}", "2500\\text{ m}", 1],
+      ["0.3\\text{ m}", "0.30000000000000004\\text{ m}", 1],
+      ["12\\text{ km/h}", "12.0\\,\\mathrm{km/h}", 1],
+      ["4\\text{ m^2}", "4.0\\text{ m^2}", 1],
+      ["90^\\circ", "\\frac{180}{2}\\text{ degrees}", 1],
+      ["$90$ degrees", "90.0^\\circ", 1],
+      ["90^\\circ\\text{C}", "90.0°C", 1],
+      ["90°F", "90.0 degrees Fahrenheit", 1],
+      // Kept: one side's unit against a bare number, an exponent no unit (`1.5\\text{ e3}` is 1500).
+      ["1.5\\text{ e3}", "1500\\text{ m}", 1],
+      ["5.0", "5\\text{ cm}", 1],
+      // Near-misses: another unit (no conversion), another number, a unit followed by a power, a hedge.
+      ["5\\text{ cm}", "5.0\\text{ m}", 0],
+      ["5\\text{ cm}", "0.05\\text{ m}", 0],
+      ["5\\text{ cm}", "5.1\\text{ cm}", 0],
+      ["5\\text{ cm}", "-5\\text{ cm}", 0],
+      ["5\\text{ cm}^2", "5\\text{ cm}", 0],
+      ["5\\text{ cm}", "5.0\\text{ cm}^2", 0],
+      ["5\\text{ cm}", "5.0\\text{ cm^2}", 0],
+      ["90^\\circ\\text{C}", "90.0^\\circ\\text{F}", 0],
+      ["90^\\circ", "90.0^\\circ\\text{C}", 0],
+      ["90^\\circ", "90.0\\text{ rad}", 0],
+      ["2432902008176640000\\text{ m}", "2432902008176640000.5\\text{ m}", 0],
+      ["5\\text{ cm}", "5.0\\text{ or 7 cm}", 0],
+      ["5\\text{ cm}", "5.0\\mathrm{e}", 0],
+      ["1.5\\text{ e3}", "1.5\\text{ cm}", 0],
+      ["x = 5\\text{ cm}", "5.0\\text{ cm}", 0],
+      ["50\\%", "50\\text{ cm}", 0],
+    ] as const)("expected %s, answer %s: reward %i", async (expected, answer, expectedReward) => {
+      expect(await reward(expected, answer)).toBe(expectedReward);
+    });
+
+    it("still refuses an expected answer dividing by zero before a unit", async () => {
+      await expect(reward("1/0\\text{ m}", "1/0.0\\text{ m}")).rejects.toThrow(/divides by zero/);
+      await expect(reward("\\frac{1}{0}^\\circ", "\\frac{1}{0}^\\circ")).rejects.toThrow(/divides by zero/);
+    });
+  });
+
   it("finds the unit in linear time on long answers (a guard against backtracking, not a speed target)", { timeout: 10_000 }, async () => {
     const started = performance.now();
     expect(await reward("5", "\\text{".repeat(14_000))).toBe(0);
@@ -270,6 +326,8 @@ describe("math verifier: units", () => {
     expect(await reward("5", `${"9degrees".repeat(12_000)}`)).toBe(0);
     expect(await reward("5", `5${"} $".repeat(33_000)}degrees`)).toBe(0);
     expect(await reward("5", `\\text{${"5 ".repeat(49_000)}cm}`)).toBe(0);
+    expect(await reward(`5\\text{${"a ".repeat(4_900)}}`, `5.0\\text{${"a ".repeat(49_000)}}`)).toBe(0);
+    expect(await reward(`\\text{5 ${"a ".repeat(4_900)}}`, `\\text{5.0 ${"a ".repeat(49_000)}}`)).toBe(0);
     expect(performance.now() - started).toBeLessThan(2_000);
   });
 });
