@@ -53,7 +53,7 @@ async function instantRunServer(): Promise<string> {
 /** Enough of a controller for a run without checkpoints or failures. */
 const controller = {
   list: async () => ({ latest: null, checkpoints: [] }),
-  status: async () => ({ checkpoint: null }),
+  status: async () => ({ checkpoint: null, participants: [] }),
   retire: async () => ({ participants: [] }),
   forget: async (req: { rollout_ids: string[] }) => ({ forgotten: req.rollout_ids }),
 } as unknown as CollectorController;

@@ -56,7 +56,7 @@ const line = (e: { rollout_id: string; attempt: number; restored?: true }) => `$
 
 const controller = {
   list: async () => ({ latest: null, checkpoints: [] }),
-  status: async () => ({ checkpoint: null }),
+  status: async () => ({ checkpoint: null, participants: [] }),
   forget: async (req: { rollout_ids: string[] }) => ({ forgotten: req.rollout_ids }),
 } as unknown as CollectorController;
 
