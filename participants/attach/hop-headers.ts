@@ -103,14 +103,20 @@ export function bodyCodings(headers: IncomingHttpHeaders): string | undefined {
 
 /** `bodyCodings` of a request, read from its `rawHeaders` (the parsed `req.headers` is never built on the hot path). */
 export function requestBodyCodings(rawHeaders: string[]): string | undefined {
-  const content: string[] = [];
-  const transfer: string[] = [];
+  const { content, transfer } = framingHeaders(rawHeaders);
+  return content.length === 0 && transfer.length === 0 ? undefined : codingsOf(content, transfer);
+}
+
+/** The values of a request's `Connection`, `Transfer-Encoding` and `Content-Encoding` headers, read from `rawHeaders`. */
+function framingHeaders(rawHeaders: string[]): { connection: string[]; transfer: string[]; content: string[] } {
+  const found = { connection: [] as string[], transfer: [] as string[], content: [] as string[] };
   for (let i = 0; i < rawHeaders.length; i += 2) {
     const name = rawHeaders[i]!.toLowerCase();
-    if (name === "content-encoding") content.push(rawHeaders[i + 1]!);
-    else if (name === "transfer-encoding") transfer.push(rawHeaders[i + 1]!);
+    if (name === "connection") found.connection.push(rawHeaders[i + 1]!);
+    else if (name === "transfer-encoding") found.transfer.push(rawHeaders[i + 1]!);
+    else if (name === "content-encoding") found.content.push(rawHeaders[i + 1]!);
   }
-  return content.length === 0 && transfer.length === 0 ? undefined : codingsOf(content, transfer);
+  return found;
 }
 
 function codingsOf(content: readonly string[], transfer: readonly string[]): string | undefined {
@@ -134,15 +140,7 @@ function values(value: string | string[] | undefined): string[] {
  * in its `Content-Encoding` (undici frames the upstream hop itself and takes no `Transfer-Encoding`).
  */
 export function upstreamHeaders(rawHeaders: string[], host: string, options: { identity?: boolean } = {}): string[] {
-  const connection: string[] = [];
-  const transfer: string[] = [];
-  const content: string[] = [];
-  for (let i = 0; i < rawHeaders.length; i += 2) {
-    const name = rawHeaders[i]!.toLowerCase();
-    if (name === "connection") connection.push(rawHeaders[i + 1]!);
-    else if (name === "transfer-encoding") transfer.push(rawHeaders[i + 1]!);
-    else if (name === "content-encoding") content.push(rawHeaders[i + 1]!);
-  }
+  const { connection, transfer, content } = framingHeaders(rawHeaders);
   const named = connectionOptions(connection, dashed);
   // (Node's server refuses a request whose framing is not its last coding: `unframed` is for answers.)
   const { unframed, coded } = nextHopCoding(transfer, content);
