@@ -1,10 +1,10 @@
 import { afterEach, describe, expect, it, vi } from "vitest";
+import { recordingDriver } from "../../support/recording-driver.js";
 import {
   LoopStateSchema,
   assembleStream,
   initialState,
   runTurnLoop,
-  type LoopDriver,
   type LoopState,
 } from "../../../participants/gym/agent-server/tool-calling-agent.js";
 import { conversationDigest } from "../../../participants/kinds/model/conversation-digest.js";
@@ -33,15 +33,6 @@ function stubPolicy(extra: (turn: number) => Record<string, unknown>): { bodies:
   return seen;
 }
 
-function recordingDriver(boundaries: LoopState[]): LoopDriver {
-  return {
-    signal: new AbortController().signal,
-    boundary: async (s) => void boundaries.push(s),
-    model: (c) => c(),
-    tool: (c) => c(),
-    park: async () => undefined,
-  };
-}
 
 describe("tool-calling agent: the model's reasoning", () => {
   it("keeps reasoning_content on the assistant turns of its boundaries, its trajectory and the next policy call", async () => {

@@ -1,4 +1,5 @@
 import { afterEach, describe, expect, it, vi } from "vitest";
+import { recordingDriver } from "../../support/recording-driver.js";
 import {
   LoopStateSchema,
   MAX_LOOP_MESSAGES,
@@ -31,15 +32,6 @@ function stubPolicy(rounds: number, callsPerRound = 1): void {
   });
 }
 
-function recordingDriver(boundaries: LoopState[]): LoopDriver {
-  return {
-    signal: new AbortController().signal,
-    boundary: async (s) => void boundaries.push(s),
-    model: (c) => c(),
-    tool: (c) => c(),
-    park: async () => undefined,
-  };
-}
 
 const endpoints = { policyUrl: "http://p", resourcesUrl: "http://r", stream: false };
 const longestSeed: ChatMessage[] = Array.from({ length: MAX_SEED_MESSAGES }, (_, i) => ({ role: i % 2 ? "assistant" : "user", content: `m${i}` }));

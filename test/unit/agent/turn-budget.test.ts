@@ -1,5 +1,6 @@
 import { afterEach, describe, expect, it, vi } from "vitest";
-import { runTurnLoop, seededState, type LoopDriver, type LoopState } from "../../../participants/gym/agent-server/tool-calling-agent.js";
+import { recordingDriver } from "../../support/recording-driver.js";
+import { runTurnLoop, seededState, type LoopState } from "../../../participants/gym/agent-server/tool-calling-agent.js";
 
 /**
  * A policy that keeps calling tools and never answers (a real model looping on a task) spent the
@@ -21,9 +22,6 @@ function loopingPolicy(): { calls: () => number } {
   return { calls: () => calls };
 }
 
-function recordingDriver(boundaries: LoopState[]): LoopDriver {
-  return { signal: new AbortController().signal, boundary: async (s) => void boundaries.push(s), model: (c) => c(), tool: (c) => c(), park: async () => undefined };
-}
 
 const endpoints = { policyUrl: "http://p", resourcesUrl: "http://r", stream: false };
 const task = { expression: "1+1", tool_rounds: 1 };
