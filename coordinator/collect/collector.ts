@@ -11,6 +11,7 @@ import {
   TRAJECTORY_HEADER,
   FailureSpellLog,
   captureKey,
+  finishedWithin,
   nextAttempt,
   redactUrl,
   sha256Hex,
@@ -859,8 +860,9 @@ export class Collector {
       // dead mount), or an op the controller does not answer, does not hold the failure for ever.
       const back = await this.drained(workers);
       // The rows already in --out are never run again: their buffered records are written now (or
-      // counted unwritten), the appends still under way having ended (drained).
-      await this.records?.close().catch(() => undefined);
+      // counted unwritten), the appends still under way having ended (drained). Bounded: the flush
+      // syncs --out first, which on a mount that hangs never ends.
+      await this.closeRecordsWithin().catch(() => undefined);
       // Closing the tasks file waits for the reads under way (FileHandle.close): with a worker given
       // up in one, not waited for. It closes once that read ends, and the worker then sends nothing.
       if (back) await this.closeTasks();
@@ -1351,6 +1353,9 @@ export class Collector {
    * their records buffered, so the flush that follows writes every row --out has. `resumeCheckpoint`
    * (an exit without a checkpoint): a timer or SIGUSR1 checkpoint under way is given up and resumed
    * before this resolves, and none starts after it; so is the start's restore (resumed once it answers).
+   * The appends and the tasks file's close are storage, which on a mount that hangs never answers:
+   * waited for at most --run-timeout-s in all (as a failed run() waits for its workers), then a
+   * warning says which was not, and the exit goes on without it.
    */
   async halt({ resumeCheckpoint = false }: { resumeCheckpoint?: boolean } = {}): Promise<void> {
     this.halted = true;
@@ -1368,8 +1373,15 @@ export class Collector {
       this.leaving.abort();
       await this.resumableCheckpoint;
     }
-    await Promise.allSettled([...this.finishing]);
-    await this.closeTasks(); // no row is sent from here on
+    let appended = false;
+    const appends = Promise.allSettled([...this.finishing]).then(() => void (appended = true));
+    // Closing the tasks file waits for the reads under way (FileHandle.close): a worker held by its
+    // task line read holds it. Not waited for, it closes once that read ends (a worker then sends nothing).
+    if (await finishedWithin(appends.then(() => this.closeTasks()), this.runTimeoutMs)) return; // no row is sent from here on
+    void this.closeTasks();
+    const wait_s = this.runTimeoutMs / 1000;
+    if (!appended) this.options.logger.warn({ wait_s, appending: this.finishing.size }, "rows being appended to results.jsonl did not end within --run-timeout-s of the halt (its storage hangs?); exiting without waiting for them or for the tasks file's close: the next start runs those rows again if their lines are not there");
+    else this.options.logger.warn({ wait_s }, "the tasks file's close did not end within --run-timeout-s of the halt (a task line read under way hangs?); exiting without it");
   }
 
   /**
@@ -1398,9 +1410,25 @@ export class Collector {
     return this.states.size > 0 && counts.pending === 0 && counts.inflight === 0;
   }
 
-  /** Publishes buffered rollout records now (before exiting). */
+  /** Publishes buffered rollout records now (before exiting), waiting at most --run-timeout-s (closeRecordsWithin). */
   async flushRecords(): Promise<void> {
-    await this.records?.close();
+    await this.closeRecordsWithin();
+  }
+
+  /**
+   * The final records flush of an exit that stops the collection where it is (halt, a failed run).
+   * It syncs --out first (and writes the records' files), which on a mount that hangs never ends:
+   * waited for at most --run-timeout-s, then the records it had not written are counted unwritten
+   * and a warning says so. A rejection of the flush rejects.
+   */
+  private async closeRecordsWithin(): Promise<void> {
+    const records = this.records;
+    if (!records || (await finishedWithin(records.close(), this.runTimeoutMs))) return;
+    records.abandon();
+    this.options.logger.warn(
+      { wait_s: this.runTimeoutMs / 1000, unwritten: records.stats.unwritten },
+      "the final flush of the rollout records did not end within --run-timeout-s (results.jsonl's sync or the records directory hangs?); exiting without it: those rows are in --out only",
+    );
   }
 
   /**

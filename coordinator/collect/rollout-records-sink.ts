@@ -99,6 +99,8 @@ export class RolloutRecordsSink {
   private closed = false;
   /** Records added after close: never written, always counted in `stats.unwritten`. */
   private late = 0;
+  /** Records added and not yet written, dropped or left out (buffered, or in a flush under way): what abandon() counts unwritten. */
+  private outstanding = 0;
   readonly stats: RolloutRecordsStats = { steps: 0, records: 0, skipped: 0, failedFlushes: 0, unwritten: 0 };
 
   constructor(
@@ -237,6 +239,7 @@ export class RolloutRecordsSink {
       return;
     }
     this.buffer.push(record);
+    this.outstanding++;
     if (this.buffer.length >= this.options.everyRows) {
       void this.flush();
     } else {
@@ -287,6 +290,20 @@ export class RolloutRecordsSink {
   }
 
   /**
+   * close() was not waited for (its storage hangs, and the process exits): every record not yet
+   * written, buffered or in the flush under way, is counted in `stats.unwritten` now, and a record
+   * added from now on too. Should that close end after all, it counts them again as it ends.
+   */
+  abandon(): void {
+    if (this.closed) return;
+    this.stats.unwritten = this.outstanding + this.late;
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = undefined;
+    this.closing = true;
+    this.closed = true;
+  }
+
+  /**
    * Writes a flushed batch as one step, or as several in a row when one step file cannot hold it all
    * (its record file or index past one Buffer): refused so now, it would be refused so by every later
    * flush, all its rows kept back for ever.
@@ -316,6 +333,7 @@ export class RolloutRecordsSink {
       if (this.beforePublish) {
         const kept = await this.beforePublish(records);
         if (kept.length < records.length) this.logger.warn({ step, dropped: records.length - kept.length }, "rollout records of rows cut from --out are dropped: those rows run again");
+        this.outstanding -= records.length - kept.length;
         records = kept;
         if (!records.length) return [];
       }
@@ -405,6 +423,7 @@ export class RolloutRecordsSink {
             return true;
           } catch (refusal) {
             this.stats.skipped++;
+            this.outstanding--;
             this.logger.warn({ err: refusal, id: record.id }, "a rollout record cannot be encoded; it is left out");
             return false;
           }
@@ -418,6 +437,7 @@ export class RolloutRecordsSink {
   }
 
   private written(step: number, records: number, file: string): void {
+    this.outstanding -= records;
     this.stats.steps++;
     this.stats.records += records;
     this.logger.info({ step, records, file }, "rollout records written");

@@ -262,7 +262,9 @@ export function register(program: Command): void {
           // No /run is sent and no row appended to --out from here on (the next start retires what
           // was in flight), so the flush after it writes the records of every row --out has. A timer
           // or SIGUSR1 checkpoint under way is resumed first: NATS closes at the exit, and nothing
-          // else would resume it before the participants' lease expires.
+          // else would resume it before the participants' lease expires. The appends, the tasks
+          // file's close and the records flush are storage: waited for --run-timeout-s at most (the
+          // appends and the close together, then the flush).
           await collector?.halt({ resumeCheckpoint: true }).catch(() => undefined);
           await collector?.flushRecords().catch(() => undefined);
           reportUnwrittenRecords();

@@ -1,0 +1,177 @@
+import { mkdtemp, rm } from "node:fs/promises";
+import { createServer, type Server } from "node:http";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import pino from "pino";
+import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import type { TaskFile } from "../../../coordinator/collect/task-file.js";
+import { TaskLineRef } from "../../../coordinator/collect/task-rows.js";
+import { collectorIn, idleController } from "../../support/collector-fixture.js";
+import { waitUntil } from "../../support/wait-until.js";
+
+/**
+ * The exits that stop a collection where it is (SIGINT, SIGHUP, after a SIGTERM's checkpoint: halt()
+ * then flushRecords(); a failed run()) wait for storage: the rows being appended to results.jsonl,
+ * the tasks file's close (which waits for a task line read under way, as FileHandle.close does) and
+ * the final records flush (which syncs results.jsonl first). On a mount that hangs, none of them
+ * ends: each is waited for at most --run-timeout-s, and a warning names what was not waited for.
+ *
+ * The fake disk below holds results.jsonl's appends (`disk.hangAppends`) or its fdatasyncs
+ * (`disk.hangSyncs`: the syncs before a records step, not the one that makes the file) for good, as a dead mount does, and fails the append of the row named by
+ * `disk.failAppendOf` (a full disk).
+ */
+const disk = vi.hoisted(() => ({ hangAppends: false, appending: 0, hangSyncs: false, syncing: 0, failAppendOf: "" }));
+
+vi.mock("node:fs/promises", async (importOriginal) => {
+  const real = await importOriginal<typeof import("node:fs/promises")>();
+  const never = new Promise<never>(() => undefined);
+  const appendFile: typeof real.appendFile = async (path, data, options) => {
+    if (String(path).endsWith("results.jsonl")) {
+      if (disk.hangAppends) {
+        disk.appending++;
+        return never;
+      }
+      if (disk.failAppendOf && String(data).includes(`"rollout_id":"${disk.failAppendOf}"`)) {
+        throw Object.assign(new Error("ENOSPC: no space left on device, write"), { code: "ENOSPC", syscall: "write" });
+      }
+    }
+    return real.appendFile(path, data, options);
+  };
+  const open: typeof real.open = async (path, flags, mode) => {
+    const handle = await real.open(path, flags, mode);
+    if (!String(path).endsWith("results.jsonl")) return handle;
+    return new Proxy(handle, {
+      get(target, prop) {
+        const value = Reflect.get(target, prop) as unknown;
+        if (typeof value !== "function") return value;
+        const bound = (value as (...args: unknown[]) => unknown).bind(target);
+        if (prop !== "datasync" || !disk.hangSyncs) return bound;
+        return () => {
+          disk.syncing++;
+          return never;
+        };
+      },
+    });
+  };
+  return { ...real, default: { ...real, appendFile, open }, appendFile, open };
+});
+
+let dir: string;
+let server: Server | undefined;
+beforeEach(async () => {
+  dir = await mkdtemp(join(tmpdir(), "gym-ckpt-halt-bounded-"));
+  Object.assign(disk, { hangAppends: false, appending: 0, hangSyncs: false, syncing: 0, failAppendOf: "" });
+});
+afterEach(async () => {
+  server?.closeAllConnections();
+  server?.close();
+  server = undefined;
+  await rm(dir, { recursive: true, force: true });
+});
+
+const trajectory = { task_name: null, prompt: null, nodes: [], reward: 1, turns: 0, stop_condition: null, is_completed: true, replay: null };
+
+/** A /run server answering every row but `unanswered` with reward 1 and a trajectory; the rows it was sent; its URL. */
+async function rewardingRun(unanswered: string[] = []): Promise<{ url: string; requests: string[] }> {
+  const requests: string[] = [];
+  server = createServer((req, res) => {
+    let body = "";
+    req.on("data", (chunk: Buffer) => (body += chunk.toString()));
+    req.on("end", () => {
+      const id = (JSON.parse(body) as { rollout_id: string }).rollout_id;
+      requests.push(id);
+      if (unanswered.includes(id)) return;
+      res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ reward: 1, trajectory }));
+    });
+  });
+  await new Promise<void>((resolve) => server!.listen(0, "127.0.0.1", resolve));
+  return { url: `http://127.0.0.1:${(server.address() as { port: number }).port}/run`, requests };
+}
+
+function capturingLogger() {
+  const lines: string[] = [];
+  const logger = pino({ level: "info" }, { write: (line: string) => void lines.push((JSON.parse(line) as { msg: string }).msg) });
+  return { logger, lines };
+}
+
+/** A tasks file whose read never ends (a dead mount); its close waits for that read, as FileHandle.close does. */
+function hungTasksFile(): { file: TaskFile; reading: () => boolean } {
+  const never = new Promise<never>(() => undefined);
+  let reading = false;
+  const file = {
+    path: join(dir, "tasks.jsonl"),
+    read: () => {
+      reading = true;
+      return never;
+    },
+    close: () => (reading ? never : Promise.resolve()),
+  } as unknown as TaskFile;
+  return { file, reading: () => reading };
+}
+
+const records = () => ({ dir: join(dir, "records"), env: "gym", kind: "eval" as const, everyRows: 100, everySeconds: 600 });
+
+describe("halt() with storage that hangs", () => {
+  it("waits at most --run-timeout-s for the tasks file's close while a worker's task line read never ends", { timeout: 5_000 }, async () => {
+    const { url } = await rewardingRun();
+    const hung = hungTasksFile();
+    const { logger, lines } = capturingLogger();
+    const rows = [{ rolloutId: "h", task: new TaskLineRef(hung.file, 1, 0, 2, "") }];
+    const collector = collectorIn(dir, url, idleController(), { rows, concurrency: 1, runTimeoutSeconds: 0.2, logger });
+    await collector.start();
+    void collector.run().catch(() => undefined); // its worker never comes back from the read
+    await waitUntil(hung.reading, "h's task line read");
+    await collector.halt({ resumeCheckpoint: true });
+    expect(lines.filter((l) => l.startsWith("the tasks file's close did not end within --run-timeout-s of the halt"))).toHaveLength(1);
+  });
+
+  it("waits at most --run-timeout-s for a row's append to results.jsonl that never ends", { timeout: 5_000 }, async () => {
+    const { url, requests } = await rewardingRun();
+    disk.hangAppends = true;
+    const { logger, lines } = capturingLogger();
+    const collector = collectorIn(dir, url, idleController(), { concurrency: 1, runTimeoutSeconds: 0.2, logger });
+    await collector.start();
+    void collector.run().catch(() => undefined);
+    await waitUntil(() => disk.appending === 1, "a's append to results.jsonl");
+    await collector.halt();
+    expect(requests).toEqual(["a"]);
+    expect(lines.filter((l) => l.startsWith("rows being appended to results.jsonl did not end within --run-timeout-s of the halt"))).toHaveLength(1);
+  });
+});
+
+describe("the records flush after a halt, with results.jsonl's sync hanging", () => {
+  it("waits at most --run-timeout-s and counts the rows whose records it did not wait for as not written", { timeout: 5_000 }, async () => {
+    // a finishes (its line appended, its record buffered); h's /run is never answered.
+    const { url, requests } = await rewardingRun(["h"]);
+    const { logger, lines } = capturingLogger();
+    const rows = ["a", "h"].map((rolloutId) => ({ rolloutId, task: {} }));
+    const collector = collectorIn(dir, url, idleController(), { rows, concurrency: 1, runTimeoutSeconds: 0.2, logger, records: records() });
+    await collector.start();
+    disk.hangSyncs = true;
+    void collector.run().catch(() => undefined);
+    await waitUntil(() => requests.length === 2, "h's /run, after a finished");
+    await collector.halt();
+    await collector.flushRecords();
+    expect(disk.syncing).toBe(1);
+    expect(lines.filter((l) => l.startsWith("the final flush of the rollout records did not end within --run-timeout-s"))).toHaveLength(1);
+    expect(collector.summary().records).toMatchObject({ records: 0, unwritten: 1 });
+  });
+});
+
+describe("a failed run() with results.jsonl's sync hanging", () => {
+  it("rejects within --run-timeout-s of its records flush, those rows counted as not written", { timeout: 5_000 }, async () => {
+    const { url } = await rewardingRun();
+    const { logger, lines } = capturingLogger();
+    const rows = ["a", "b"].map((rolloutId) => ({ rolloutId, task: {} }));
+    const collector = collectorIn(dir, url, idleController(), { rows, concurrency: 1, runTimeoutSeconds: 0.2, logger, records: records() });
+    await collector.start();
+    // a finishes (its record buffered); b's append fails (a full disk), and the sync before the
+    // records flush that follows never ends.
+    disk.failAppendOf = "b";
+    disk.hangSyncs = true;
+    await expect(collector.run()).rejects.toMatchObject({ code: "ENOSPC" });
+    expect(disk.syncing).toBe(1);
+    expect(lines.filter((l) => l.startsWith("the final flush of the rollout records did not end within --run-timeout-s"))).toHaveLength(1);
+    expect(collector.summary().records).toMatchObject({ records: 0, unwritten: 1 });
+  });
+});
