@@ -12,7 +12,7 @@ import { dependencyFailure, trimSlash } from "./gym-http.js";
 import { SessionCookieValueSchema } from "./session-cookie-value.js";
 import { closeResourcesSession, closeRestoredSession, retiredEpisode, seedSession, verifyAnswer, type OpenResourcesSession } from "./resources-session.js";
 import { GymTaskSchema, RunRequestSchema, taskSpellings, type GymTask, type RunReply } from "./gym-task.js";
-import { ChatMessageSchema, LoopStateSchema, MAX_SEED_MESSAGES, initialState, runTurnLoop, seededState, type AgentEndpoints, type LoopDriver, type LoopState } from "./tool-calling-agent.js";
+import { ChatMessageSchema, LoopStateSchema, MAX_ACTIVATE_BODY_BYTES, MAX_SEED_MESSAGES, initialState, runTurnLoop, seededState, type AgentEndpoints, type LoopDriver, type LoopState } from "./tool-calling-agent.js";
 
 /**
  * The reference agent server. Native routes (invoked by the environment server), all under
@@ -117,7 +117,8 @@ export function createAgentApp(options: AgentAppOptions): FastifyInstance {
     }
   });
 
-  app.post("/ng-rollout/:key/activate", async (request, reply) => {
+  // Its own body limit: a seed carrying the model's reasoning outgrows the 1 MiB of the other routes.
+  app.post("/ng-rollout/:key/activate", { bodyLimit: MAX_ACTIVATE_BODY_BYTES }, async (request, reply) => {
     try {
       const episode = episodeOf(request);
       const body = parse(ActivateBodySchema, request.body);

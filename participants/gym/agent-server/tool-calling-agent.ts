@@ -29,6 +29,15 @@ export const ChatMessageSchema = keepingProtoKey(ChatMessageFieldsSchema);
 
 /** Longest replayed context an activation accepts (chat messages, no system message). */
 export const MAX_SEED_MESSAGES = 60;
+/**
+ * Largest replayed context an activation accepts, as JSON bytes. The turns hold the model's
+ * reasoning, so a reasoning policy's seed of a few turns passes 1 MiB; the seed is sent whole in
+ * the activation's first policy call, so it is bounded as that call is: the attach proxy's default
+ * generation body (32 MiB, its `--max-body-mib`).
+ */
+export const MAX_SEED_BYTES = 32 * 1024 * 1024;
+/** `activate`'s body limit: a seed of MAX_SEED_BYTES and its task (an expression of at most 200 characters). */
+export const MAX_ACTIVATE_BODY_BYTES = MAX_SEED_BYTES + 64 * 1024;
 /** Policy calls an activation makes at most; past them it ends without an answer (scored 0). */
 const MAX_TURNS = 16;
 /**

@@ -13,7 +13,7 @@ import { replayRunDigestInput } from "../../replay/replay-run-digest.js";
 import type { ReplayTask } from "../../replay/replay-task-source.js";
 import { dependencyFailure } from "../agent-server/gym-http.js";
 import { RunRequestSchema, taskSpellings } from "../agent-server/gym-task.js";
-import { MAX_SEED_MESSAGES } from "../agent-server/tool-calling-agent.js";
+import { MAX_SEED_BYTES, MAX_SEED_MESSAGES } from "../agent-server/tool-calling-agent.js";
 import { environmentBoundaryOf, runGymEpisode, type GymEndpoints } from "./gym-episode.js";
 
 /**
@@ -44,16 +44,21 @@ export interface EnvironmentAppOptions {
   episodeTimeoutMs?: number;
   /** A replay task source served at `/replay/*`; `/run` then accepts `replay_idx`. */
   replay?: GymReplaySource;
+  /** Overrides MAX_SEED_BYTES, the largest replay seed `/run` runs (tests). */
+  maxSeedBytes?: number;
   logger?: Logger;
 }
 
 /**
  * Why `/run` would refuse replay task `task` before running anything, undefined when it runs: a
- * seed longer than the agent takes (it would refuse only at activate, after the session was
- * seeded), or a sandbox snapshot the source cannot restore (the reference Gym restores none).
+ * seed longer or larger than the agent takes (it would refuse only at activate, after the session
+ * was seeded; a seed carrying a reasoning model's turns can be large), or a sandbox snapshot the
+ * source cannot restore (the reference Gym restores none).
  */
-function unrunnable(replay: GymReplaySource, task: ReplayTask<GymRecordTask>, seed: readonly unknown[]): string | undefined {
+function unrunnable(replay: GymReplaySource, task: ReplayTask<GymRecordTask>, seed: readonly unknown[], maxSeedBytes: number): string | undefined {
   if (seed.length > MAX_SEED_MESSAGES) return `replay task ${task.idx}'s seed has ${seed.length} messages; the agent takes at most ${MAX_SEED_MESSAGES}`;
+  const bytes = Buffer.byteLength(JSON.stringify(seed));
+  if (bytes > maxSeedBytes) return `replay task ${task.idx}'s seed is ${bytes} bytes as JSON; the agent takes at most ${maxSeedBytes}`;
   return replay.setupRefusal(task);
 }
 
@@ -71,6 +76,7 @@ export function createEnvironmentApp(options: EnvironmentAppOptions): FastifyIns
   app.get("/health", async () => ({ ok: true }));
   app.get("/admin/state", async () => ({ ...kind.statusExtras(), states: kind.episodes.steps.states() }));
   const replay = options.replay;
+  const maxSeedBytes = options.maxSeedBytes ?? MAX_SEED_BYTES;
   /** Replay tasks /replay/next passed over because /run would refuse them. */
   let unrunnableSkipped = 0;
   if (replay) {
@@ -90,7 +96,7 @@ export function createEnvironmentApp(options: EnvironmentAppOptions): FastifyIns
       try {
         for (let task = await replay.next(); task; task = await replay.next()) {
           const run = gymReplayRun(task);
-          const refusal = unrunnable(replay, task, run.seed);
+          const refusal = unrunnable(replay, task, run.seed, maxSeedBytes);
           if (!refusal) return { done: false, ...run };
           unrunnableSkipped += 1;
           logger?.warn({ replay_idx: task.idx, replay_id: run.replay_id, reason: refusal }, "replay task passed over: /run would refuse it");
@@ -123,7 +129,7 @@ export function createEnvironmentApp(options: EnvironmentAppOptions): FastifyIns
         if (canonicalDigest(replayed.task) !== canonicalDigest(body.task)) {
           throw new CheckpointError("invalid_request", `task differs from replay task ${body.replay_idx}'s`);
         }
-        const refusal = unrunnable(replay, replayTask, replayed.seed);
+        const refusal = unrunnable(replay, replayTask, replayed.seed, maxSeedBytes);
         if (refusal) throw new CheckpointError("invalid_request", refusal);
         // A seed anchored at a sandbox snapshot continues only from that snapshot, which the source's
         // setup restores: inside the episode, after begin's attempt and admission checks, so a

@@ -24,7 +24,7 @@ async function writeGymRecords(step: number, id: number, task: object = TASK): P
 }
 
 /** The app with a stand-in kind: it records the restore digest input instead of running an episode. */
-async function appWith(replay: GymReplaySource) {
+async function appWith(replay: GymReplaySource, options: { maxSeedBytes?: number } = {}) {
   const begun: unknown[] = [];
   const kind = {
     statusExtras: () => ({}),
@@ -33,7 +33,7 @@ async function appWith(replay: GymReplaySource) {
       return { ...episode, reward: 1, answer: "12", continued_from: null, messages: [] };
     },
   } as unknown as EnvironmentKind;
-  const app = createEnvironmentApp({ kind, endpoints: {} as never, replay });
+  const app = createEnvironmentApp({ kind, endpoints: {} as never, replay, ...options });
   await app.ready();
   return { app, begun };
 }
@@ -136,6 +136,34 @@ describe("the environment server's replay path", () => {
       const res = await app.inject({ method: "POST", url: "/run", payload: { rollout_id: "r1", attempt: 1, task: TASK, ...anchor } });
       expect([res.statusCode, res.json()]).toEqual([200, { rollout_id: "r1", attempt: 1, reward: 1, answer: "12", continued_from: "return" }]);
       expect(setups).toEqual([]);
+    } finally {
+      await app.close();
+    }
+  });
+
+  it("a replay task whose seed is larger than the agent's activate takes is passed over by /replay/next and refused by /run before anything runs", async () => {
+    // A reasoning policy's turn, as the reference agent now keeps it, outgrowing the seed limit (made
+    // small here: MAX_SEED_BYTES of records take seconds to write and read).
+    const maxSeedBytes = 64 * 1024;
+    const thinking = { ...call("c1"), reasoning_content: "t".repeat(maxSeedBytes) };
+    const b = new TraceBuilder();
+    b.chain(null, [[sys()], [user("Compute: 3 * 4")], [thinking, true], [result("c1", "12")], [call("c2"), true], [result("c2", "12")], [say("12"), true]]);
+    const trace = { ...b.trace(traceId(9)), task: { ...TASK, idx: 0, name: null, prompt: "Compute: 3 * 4" } };
+    await writeRolloutRecords(path.join(dir, "rollouts"), 1, { kind: "train", env: "gym", traces: [trace] });
+    const replay = source();
+    await replay.load();
+    const { app, begun } = await appWith(replay, { maxSeedBytes });
+    try {
+      // Both anchors' seeds hold the long turn: neither is handed out.
+      expect((await app.inject({ method: "POST", url: "/replay/next" })).json()).toMatchObject({ done: true, unrunnable: 2 });
+      const refused = await app.inject({
+        method: "POST",
+        url: "/run",
+        payload: { rollout_id: "r", attempt: 0, task: TASK, replay_idx: 0, replay_id: gymReplayRun(replay.tasks[0]!).replay_id },
+      });
+      expect([refused.statusCode, refused.json().error.code]).toEqual([400, "invalid_request"]);
+      expect(refused.json().error.detail).toContain(`at most ${maxSeedBytes}`);
+      expect(begun).toEqual([]); // nothing ran
     } finally {
       await app.close();
     }
