@@ -83,6 +83,25 @@ describe("tool-calling agent: the model's reasoning", () => {
     const route = "/ng-rollout/r1/v1/chat/completions";
     expect(conversationDigest(route, seen.bodies[2]!)).toBe(conversationDigest(route, seen.bodies[1]!));
   });
+
+  it("a boundary parked before the agent kept reasoning (no reasoning_content) continues with the digest of the call cut there", async () => {
+    // As the agent wrote it then: the assistant turn rebuilt from content and tool calls only.
+    const parked = {
+      messages: [
+        ...initialState(task).messages,
+        { role: "assistant", content: null, tool_calls: [CALL] },
+        { role: "tool", tool_call_id: "c1", content: JSON.stringify({ result: 42 }) },
+      ],
+    };
+    const cut = { messages: parked.messages }; // the call in flight at the checkpoint sent exactly these
+    const seen = stubPolicy((turn) => ({ reasoning_content: `thought ${turn}` }));
+    const restored = LoopStateSchema.parse(JSON.parse(JSON.stringify(parked)));
+    const result = await runTurnLoop(endpoints, "r1-a1", task, null, restored, recordingDriver([]));
+    expect(result.answer).toBe("42");
+    const route = "/ng-rollout/r1-a1/v1/chat/completions";
+    expect(seen.bodies[0]!.messages).toEqual(parked.messages); // no reasoning added to the old turns
+    expect(conversationDigest(route, seen.bodies[0]!)).toBe(conversationDigest(route, cut));
+  });
 });
 
 describe("tool-calling agent: streamed reasoning", () => {
