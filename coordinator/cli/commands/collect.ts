@@ -205,7 +205,10 @@ export function register(program: Command): void {
       // NATS connection (it reconnects forever and would keep the process alive) and telemetry.
       let started = false;
       const release = async () => {
-        await closeTaskRows(rows);
+        // Not waited for: the close waits for the reads under way (FileHandle.close), and a failed
+        // run() gives up a worker whose task line read hangs (a dead mount) after --run-timeout-s;
+        // waiting here would hold the lock, and the error, for as long as that read. It closes once it ends.
+        void closeTaskRows(rows);
         await lock.release().catch(() => undefined);
         // A start refused before it wrote anything (a --checkpoint-dir that is not the coordinator's
         // root, say) leaves no directory behind it made: only empty ones go.

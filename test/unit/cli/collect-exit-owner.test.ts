@@ -3,7 +3,10 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Command } from "commander";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import { existsSync } from "node:fs";
 import { register } from "../../../coordinator/cli/commands/collect.js";
+import { COLLECTOR_LOCK_FILE } from "../../../coordinator/collect/collector-lock.js";
+import { TaskFile } from "../../../coordinator/collect/task-file.js";
 import { CheckpointError } from "../../../protocol/index.js";
 import { waitUntil } from "../../support/wait-until.js";
 
@@ -191,5 +194,31 @@ describe("gym-ckpt collect: one outcome when a signal and the collection's end r
     expect(exits).toEqual([]);
     expect(stdout).toContain("rows: 2 (finished 1, failed 0)");
     expect(process.exitCode).toBe(1); // a row not finished
+  });
+
+  // run() gives up a worker its storage holds in a task line read (a dead mount) after
+  // --run-timeout-s, and does not wait for the tasks file's close, which waits for that read
+  // (FileHandle.close). The release on the way out closed the same file and waited for it: the lock
+  // was never let go and the error never printed, for as long as the read hung.
+  it("run() fails while the tasks file's close waits for a read that hangs: the error is printed, exit 1, and the lock released without waiting for the close", async () => {
+    const realClose = TaskFile.prototype.close;
+    let endRead!: () => void;
+    const readEnds = new Promise<void>((resolve) => (endRead = resolve));
+    vi.spyOn(TaskFile.prototype, "close").mockImplementation(function (this: TaskFile) {
+      return readEnds.then(() => realClose.call(this));
+    });
+    try {
+      const action = collect();
+      await waitUntil(() => steer.running, "the collection running");
+      steer.ended = true;
+      steer.run.reject(new CheckpointError("storage_error", "dispatched.jsonl could not be appended"));
+      await waitUntil(() => stderr.includes("error storage_error: dispatched.jsonl could not be appended\n"), "the error printed", 3000);
+      await action;
+      expect(process.exitCode).toBe(1);
+      expect(existsSync(join(dir, "ckpt", COLLECTOR_LOCK_FILE))).toBe(false);
+      expect(exits).toEqual([]);
+    } finally {
+      endRead(); // the read ends after all: the file closes
+    }
   });
 });
