@@ -101,6 +101,8 @@ export class RolloutRecordsSink {
   private late = 0;
   /** Records added and not yet written, dropped or left out (buffered, or in a flush under way): what abandon() counts unwritten. */
   private outstanding = 0;
+  /** Set by abandon(): the exit went on without the final flush, so nothing is published or written any more. */
+  private abandoned = false;
   readonly stats: RolloutRecordsStats = { steps: 0, records: 0, skipped: 0, failedFlushes: 0, unwritten: 0 };
 
   constructor(
@@ -282,6 +284,8 @@ export class RolloutRecordsSink {
       await new Promise((resolve) => setTimeout(resolve, CLOSE_RETRY_MS));
       await this.flush();
     }
+    // Abandoned: its caller exited (the lock let go) and counted what was not written.
+    if (this.abandoned) return;
     await this.markUnmarked();
     this.stats.unwritten = this.buffer.length + this.late;
     if (this.timer) clearTimeout(this.timer);
@@ -292,10 +296,12 @@ export class RolloutRecordsSink {
   /**
    * close() was not waited for (its storage hangs, and the process exits): every record not yet
    * written, buffered or in the flush under way, is counted in `stats.unwritten` now, and a record
-   * added from now on too. Should that close end after all, it counts them again as it ends.
+   * added from now on too. A flush whose sync ends after it publishes nothing: the exit went on, the
+   * lock let go, and another collection may write the directory by then.
    */
   abandon(): void {
     if (this.closed) return;
+    this.abandoned = true;
     this.stats.unwritten = this.outstanding + this.late;
     if (this.timer) clearTimeout(this.timer);
     this.timer = undefined;
@@ -335,7 +341,8 @@ export class RolloutRecordsSink {
         if (kept.length < records.length) this.logger.warn({ step, dropped: records.length - kept.length }, "rollout records of rows cut from --out are dropped: those rows run again");
         this.outstanding -= records.length - kept.length;
         records = kept;
-        if (!records.length) return [];
+        // The sync before it ended only after the exit went on without it: another collection may own the directory now.
+        if (!records.length || this.abandoned) return [];
       }
       for (;;) {
         const next = this.encode(step, records);

@@ -17,7 +17,7 @@ import { TaskLineRef } from "../../../coordinator/collect/task-rows.js";
  * until a power loss). The fake below fails `disk.failSyncs` datasyncs of `results.jsonl` that way:
  * without syncing, and the next one succeeds.
  */
-const disk = vi.hoisted(() => ({ failSyncs: 0, syncs: 0, failAt: 0, failTruncate: false, dir: "", dirSyncs: 0 }));
+const disk = vi.hoisted(() => ({ failSyncs: 0, syncs: 0, failAt: 0, failTruncate: false, dir: "", dirSyncs: 0, hangAt: 0, hang: Promise.resolve() }));
 
 vi.mock("node:fs/promises", async (importOriginal) => {
   const real = await importOriginal<typeof import("node:fs/promises")>();
@@ -41,6 +41,7 @@ vi.mock("node:fs/promises", async (importOriginal) => {
         if (prop !== "datasync" && prop !== "sync") return bound;
         return async () => {
           disk.syncs++;
+          if (disk.syncs === disk.hangAt) await disk.hang; // a mount that stops answering
           if (disk.failSyncs > 0 || disk.syncs === disk.failAt) {
             if (disk.failSyncs > 0) disk.failSyncs--;
             throw Object.assign(new Error("EIO: i/o error, fdatasync"), { code: "EIO", syscall: "fdatasync" });
@@ -57,7 +58,7 @@ let dir: string;
 let server: Server | undefined;
 beforeEach(async () => {
   dir = await mkdtemp(join(tmpdir(), "gym-ckpt-results-sync-"));
-  Object.assign(disk, { failSyncs: 0, syncs: 0, failAt: 0, failTruncate: false, dir, dirSyncs: 0 });
+  Object.assign(disk, { failSyncs: 0, syncs: 0, failAt: 0, failTruncate: false, dir, dirSyncs: 0, hangAt: 0, hang: Promise.resolve() });
 });
 afterEach(async () => {
   server?.closeAllConnections();
@@ -325,5 +326,58 @@ describe("a failed sync while a worker's task line read never ends", () => {
     expect(requests).toEqual(["ok"]);
     expect(lines.slice(logged)).toEqual([]);
     expect(await idsIn(join(dir, "results.jsonl"))).toEqual([]);
+  });
+});
+
+// --out on a mount that stops answering: the sync before a records step hangs. Another row's failure
+// then fails the collection. drained() is bounded by --run-timeout-s, but run() then closed the
+// rollout records and waited for that, and their final flush waits for the step whose sync hangs:
+// run() never rejected (nor, in the command, let go of the lock).
+describe("a collection failing while the sync before a records step hangs", () => {
+  it("rejects within --run-timeout-s, without waiting for the records' final flush, and publishes no step after it", { timeout: 10_000 }, async () => {
+    const trajectory = { task_name: null, prompt: null, nodes: [], reward: 1, turns: 0, stop_condition: null, is_completed: true, replay: null };
+    const answers = new Map<string, () => void>();
+    server = createServer((req, res) => {
+      let body = "";
+      req.on("data", (chunk: Buffer) => (body += chunk.toString()));
+      req.on("end", () => {
+        const { rollout_id } = JSON.parse(body) as { rollout_id: string };
+        answers.set(rollout_id, () => res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ reward: 1, trajectory })));
+      });
+    });
+    await new Promise<void>((resolve) => server!.listen(0, "127.0.0.1", resolve));
+    const url = `http://127.0.0.1:${(server.address() as { port: number }).port}/run`;
+    // x's line is read once the test says so, and reads back changed: its worker fails the collection.
+    let readX!: () => void;
+    const xRead = new Promise<void>((resolve) => (readX = resolve));
+    const changed = { path: join(dir, "tasks.jsonl"), read: () => xRead.then(() => Buffer.from('{"b":1}')), close: async () => undefined } as unknown as TaskFile;
+    const rows = [{ rolloutId: "x", task: new TaskLineRef(changed, 1, 0, 2, createHash("sha256").update("{}").digest("base64")) }, { rolloutId: "ok", task: {} }];
+    let endHang!: () => void;
+    disk.hang = new Promise<void>((resolve) => (endHang = resolve));
+    const lines: string[] = [];
+    const logger = pino({ level: "warn" }, { write: (line: string) => void lines.push((JSON.parse(line) as { msg: string }).msg) });
+    const records = join(dir, "records");
+    const options = { rows, concurrency: 2, runTimeoutSeconds: 0.5, logger, records: { dir: records, env: "gym", kind: "eval" as const, everyRows: 1, everySeconds: 600 } };
+    const collector = collectorIn(dir, url, idleController(), options);
+    await collector.start();
+    // Sync 1 makes the empty file; sync 2, before ok's records step, hangs.
+    disk.hangAt = disk.syncs + 2;
+    const run = collector.run();
+    run.catch(() => undefined);
+    await vi.waitFor(() => expect(answers.size).toBe(1), { timeout: 5000 });
+    answers.get("ok")!();
+    await vi.waitFor(() => expect(disk.syncs).toBe(disk.hangAt), { timeout: 5000 });
+    readX();
+    try {
+      const outcome = await Promise.race([run.then(() => "resolved", (error: unknown) => error), new Promise((resolve) => setTimeout(() => resolve("still waiting"), 3000))]);
+      expect(outcome).toMatchObject({ code: "invalid_request" });
+    } finally {
+      endHang();
+    }
+    // The mount answers again: no records step is published after run() rejected.
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    // (rollouts/ itself is made at the start.)
+    const steps = await readdir(join(records, "rollouts")).catch(() => [] as string[]);
+    expect(steps.filter((f) => !f.startsWith("."))).toEqual([]);
   });
 });
