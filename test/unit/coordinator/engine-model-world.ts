@@ -89,6 +89,8 @@ const NOTHING_CHANGED: Partial<Record<CtlOp, ReadonlySet<string>>> = {
 interface Snapshot {
   open: unknown;
   journal: string;
+  /** The journal's restore outcome records (MemoryDecisionJournal.outcomes), sorted by id. */
+  outcomes: string;
   latest: string | null;
   phaseCalls: number;
 }
@@ -831,14 +833,23 @@ export class EngineWorld {
    * Whether the journal or the open checkpoint differ from `before`, but for the close of an open
    * published or restored checkpoint no member holds any more, which a restore does first ("closed
    * without a message when the next prepare, retire, forget or restore finds so") and then goes ahead.
+   * The journal's restore outcome records too: that close records a restored checkpoint's outcome,
+   * a published one's leaves none; nothing else changes one (a restore every participant refused
+   * writes back the record it took the place of).
    */
   private changedBesidesStaleClose(before: Snapshot, after: Snapshot): boolean {
-    if (after.journal === before.journal && isDeepStrictEqual(after.open, before.open)) return false;
+    if (after.journal === before.journal && after.outcomes === before.outcomes && isDeepStrictEqual(after.open, before.open)) return false;
     const open = before.open as { checkpoint_id: string; phase: string } | null;
     if (!open || after.open !== null || !["published", "restored"].includes(open.phase)) return true;
     if ([...this.fake.state.values()].some((s) => s.checkpoint_id === open.checkpoint_id)) return true;
     const entries = (JSON.parse(before.journal) as [string, unknown][]).filter(([id]) => id !== open.checkpoint_id);
-    return JSON.stringify(entries) !== after.journal;
+    // Restored: "restored", or "restore_failed" when a holder restarted before its resume (lost what it restored).
+    const closedRecord = new Map(JSON.parse(after.outcomes) as [string, string][]).get(open.checkpoint_id);
+    const outcomes = new Map(JSON.parse(before.outcomes) as [string, string][]);
+    if (open.phase === "restored" && (closedRecord === "restored" || closedRecord === "restore_failed")) outcomes.set(open.checkpoint_id, closedRecord);
+    else outcomes.delete(open.checkpoint_id);
+    const expected = JSON.stringify([...outcomes].sort(([a], [b]) => a.localeCompare(b)));
+    return JSON.stringify(entries) !== after.journal || expected !== after.outcomes;
   }
 
   /**
@@ -980,6 +991,7 @@ export class EngineWorld {
     const staleClose = !this.changedBesidesStaleClose(before, after);
     if (!staleClose && !isDeepStrictEqual(after.open, before.open)) changed.push(`open ${JSON.stringify(before.open)} → ${JSON.stringify(after.open)}`);
     if (!staleClose && after.journal !== before.journal) changed.push(`journal ${before.journal} → ${after.journal}`);
+    if (!staleClose && after.outcomes !== before.outcomes) changed.push(`restore outcome records ${before.outcomes} → ${after.outcomes}`);
     if (after.latest !== before.latest) changed.push(`LATEST ${before.latest} → ${after.latest}`);
     if (after.phaseCalls !== before.phaseCalls) {
       const sent = this.fake.calls.filter((c) => c.op !== "status").slice(before.phaseCalls).map((c) => `${c.op}:${c.kind}/${c.instance}`);
@@ -1008,6 +1020,7 @@ export class EngineWorld {
     return {
       open: this.engine.openCheckpoint,
       journal: JSON.stringify([...this.journal.entries].sort(([a], [b]) => a.localeCompare(b))),
+      outcomes: JSON.stringify([...this.journal.outcomes].sort(([a], [b]) => a.localeCompare(b))),
       latest,
       phaseCalls: this.fake.calls.filter((c) => c.op !== "status").length,
     };
