@@ -48,8 +48,8 @@ const runUrl = () => `http://127.0.0.1:${(server.address() as { port: number }).
 async function tasksFile(text: string) {
   const tasks = join(dir, "tasks.jsonl");
   await writeFile(tasks, text);
-  const { ino } = statSync(tasks);
-  return { tasks, ino, rows: await readTaskRows(tasks) };
+  const opened = statSync(tasks);
+  return { tasks, opened, rows: await readTaskRows(tasks) };
 }
 
 /** A collector of `rows`, one at a time, run until its first row's /run is in flight and held there. */
@@ -65,20 +65,20 @@ async function firstRowInFlight(rows: TaskRow[], tasks: string) {
 
 describe("collector with a regular tasks file", () => {
   it("sends every row's task as written, and lets go of the tasks file once the collection ends", async () => {
-    const { tasks, ino, rows } = await tasksFile('{"id":"a","task":{"q":"one"}}\n{"q":"two"}\n');
+    const { tasks, opened, rows } = await tasksFile('{"id":"a","task":{"q":"one"}}\n{"q":"two"}\n');
     const collector = collectorIn(dir, runUrl(), idleController(), { rows, tasksPath: tasks, concurrency: 1 });
     await collector.start();
-    expect(descriptorsOn(ino)).toBe(1);
+    expect(descriptorsOn(opened)).toBe(1);
     expect(await collector.run()).toMatchObject({ rows: 2, finished: 2 });
     expect(bodies.map((b) => [b.rollout_id, b.task])).toEqual([
       ["a", { q: "one" }],
       ["row-2", { q: "two" }],
     ]);
-    expect(descriptorsOn(ino)).toBe(0);
+    expect(descriptorsOn(opened)).toBe(0);
   });
 
   it("sends the tasks read at start-up when the file is replaced by mv mid-run (its first row in flight)", async () => {
-    const { tasks, ino, rows } = await tasksFile('{"id":"a","task":{"q":"one"}}\n{"id":"b","task":{"q":"two"}}\n');
+    const { tasks, opened, rows } = await tasksFile('{"id":"a","task":{"q":"one"}}\n{"id":"b","task":{"q":"two"}}\n');
     const { release, running } = await firstRowInFlight(rows, tasks);
     const next = join(dir, "next.jsonl");
     await writeFile(next, '{"id":"a","task":{"q":"ONE"}}\n{"id":"b","task":{"q":"TWO"}}\n');
@@ -89,42 +89,42 @@ describe("collector with a regular tasks file", () => {
       ["a", { q: "one" }],
       ["b", { q: "two" }],
     ]);
-    expect(descriptorsOn(ino)).toBe(0);
+    expect(descriptorsOn(opened)).toBe(0);
   });
 
   it("lets go of the tasks file when its start fails", async () => {
-    const { tasks, ino, rows } = await tasksFile('{"id":"a","task":{"q":"one"}}\n');
+    const { tasks, opened, rows } = await tasksFile('{"id":"a","task":{"q":"one"}}\n');
     const down = idleController({
       status: async () => {
         throw new Error("controller down");
       },
     });
     const collector = collectorIn(dir, runUrl(), down, { rows, tasksPath: tasks });
-    expect(descriptorsOn(ino)).toBe(1);
+    expect(descriptorsOn(opened)).toBe(1);
     await expect(collector.start()).rejects.toThrow("controller down");
-    expect(descriptorsOn(ino)).toBe(0);
+    expect(descriptorsOn(opened)).toBe(0);
   });
 
   it("lets go of the tasks file once halted (SIGINT, or after the stop checkpoint), a /run still in flight", async () => {
-    const { tasks, ino, rows } = await tasksFile('{"id":"a","task":{"q":"one"}}\n{"id":"b","task":{"q":"two"}}\n');
+    const { tasks, opened, rows } = await tasksFile('{"id":"a","task":{"q":"one"}}\n{"id":"b","task":{"q":"two"}}\n');
     const { collector, release, running } = await firstRowInFlight(rows, tasks);
-    expect(descriptorsOn(ino)).toBe(1);
+    expect(descriptorsOn(opened)).toBe(1);
     await collector.halt();
-    expect(descriptorsOn(ino)).toBe(0);
+    expect(descriptorsOn(opened)).toBe(0);
     release.resolve();
     expect(await running).toMatchObject({ finished: 0 });
     expect(bodies).toHaveLength(1);
   });
 
   it("fails with invalid_request, sending and logging nothing for it, when a row's line changed since start-up", async () => {
-    const { tasks, ino, rows } = await tasksFile('{"id":"a","task":{"q":"one"}}\n');
+    const { tasks, opened, rows } = await tasksFile('{"id":"a","task":{"q":"one"}}\n');
     const collector = collectorIn(dir, runUrl(), idleController(), { rows, tasksPath: tasks });
     await collector.start();
-    expect(descriptorsOn(ino)).toBe(1);
+    expect(descriptorsOn(opened)).toBe(1);
     await writeFile(tasks, '{"id":"a","task":{"q":"ONE"}}\n');
     await expect(collector.run()).rejects.toMatchObject({ code: "invalid_request", message: expect.stringContaining(`${tasks}:1: changed since`) });
     expect(bodies).toEqual([]);
-    expect(descriptorsOn(ino)).toBe(0);
+    expect(descriptorsOn(opened)).toBe(0);
     expect(await readFile(join(dir, "dispatched.jsonl"), "utf8")).not.toContain('"rollout_id":"a"');
   });
 });

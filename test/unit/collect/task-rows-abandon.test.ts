@@ -109,5 +109,5 @@ describe("task rows: an abandonable read", () => {
 
 /** How many of this process's descriptors are open on `path`'s FIFO or pipe (by its inode), from /proc. */
 function openCount(path: string): number {
-  return descriptorsOn(statSync(path).ino);
+  return descriptorsOn(statSync(path));
 }

@@ -121,9 +121,9 @@ describe("task rows read from a regular file", () => {
   it("read every line through the one descriptor opened at start-up: loads at once open none", async () => {
     const path = join(dir, "tasks.jsonl");
     await writeFile(path, Array.from({ length: 200 }, (_, i) => JSON.stringify({ id: `t${i}`, task: { n: i } })).join("\n"));
-    const { ino } = statSync(path);
+    const opened = statSync(path);
     const rows = await readRows(path);
-    expect(descriptorsOn(ino)).toBe(1);
+    expect(descriptorsOn(opened)).toBe(1);
     await loadTask(rows[0]!); // warm-up: whatever the first load loads stays open (none of ours)
     const before = openDescriptors();
     let most = before;
@@ -136,28 +136,28 @@ describe("task rows read from a regular file", () => {
     }
     expect((await loads).map((task) => task["n"])).toEqual(rows.map((_, i) => i));
     expect(most).toBe(before);
-    expect(descriptorsOn(ino)).toBe(1);
+    expect(descriptorsOn(opened)).toBe(1);
   });
 
   it("let go of their file once closed (closing again is a no-op), refusing a load after it; a read refused or rowless holds none", async () => {
     const path = join(dir, "tasks.jsonl");
     await writeFile(path, '{"id":"a","task":{"n":1}}\n');
-    const { ino } = statSync(path);
+    const opened = statSync(path);
     const rows = await readRows(path);
-    expect(descriptorsOn(ino)).toBe(1);
+    expect(descriptorsOn(opened)).toBe(1);
     await closeTaskRows(rows);
     await closeTaskRows(rows);
-    expect(descriptorsOn(ino)).toBe(0);
+    expect(descriptorsOn(opened)).toBe(0);
     // Not an unreadable --tasks (invalid_request, exit 2): rows used past their collector.
     await expect(loadTask(rows[0]!)).rejects.toMatchObject({ code: "invalid_phase", message: expect.stringMatching(/closed its tasks file/) });
     const bad = join(dir, "bad.jsonl");
     await writeFile(bad, '{"id":"a","task":{"n":1}}\nnot json\n');
     await expect(readRows(bad)).rejects.toMatchObject({ code: "invalid_request" });
-    expect(descriptorsOn(statSync(bad).ino)).toBe(0);
+    expect(descriptorsOn(statSync(bad))).toBe(0);
     const empty = join(dir, "empty.jsonl");
     await writeFile(empty, "\n\n");
     expect(await readRows(empty)).toEqual([]);
-    expect(descriptorsOn(statSync(empty).ino)).toBe(0);
+    expect(descriptorsOn(statSync(empty))).toBe(0);
   });
 
   it("refuse a file that is not the one the start-up read opened (replaced between the two opens), holding nothing open", async () => {
@@ -166,7 +166,7 @@ describe("task rows read from a regular file", () => {
     await writeFile(path, '{"id":"a","task":{"n":1}}\n');
     await writeFile(other, '{"id":"a","task":{"n":2}}\n');
     await expect(TaskFile.openAs(path, statSync(other))).rejects.toMatchObject({ code: "invalid_request", message: expect.stringContaining(`tasks file ${path} was replaced while it was being opened`) });
-    expect(descriptorsOn(statSync(path).ino)).toBe(0);
+    expect(descriptorsOn(statSync(path))).toBe(0);
     const file = await TaskFile.openAs(path, statSync(path));
     expect((await file.read(0, 25)).toString()).toBe('{"id":"a","task":{"n":1}}');
     await file.close();
