@@ -167,7 +167,13 @@ export async function readTaskRows(
     throw tasksFileError(error, path);
   } finally {
     signal?.removeEventListener("abort", giveUp);
-    input?.destroy(); // a refused line leaves the rest unread
+    // A refused line leaves the rest unread. The stream closes its descriptor after destroy() returns:
+    // waited for, so a refused read (or the rows, which hold only the TaskFile's) holds nothing more.
+    if (input) {
+      const stream = input;
+      stream.destroy();
+      if (!stream.closed) await new Promise((resolve) => stream.once("close", resolve));
+    }
   }
   if (!rows.length) await file?.close(); // no row reads it again
   return rows;
