@@ -124,6 +124,12 @@ interface OpenCheckpoint {
   log?: Logger;
 }
 
+/** A restore's first send (not a recovery's re-drive): what its opening forgot (forgetRestoreHistory's put-back), and the leader term it opened in. */
+interface FirstRestoreSend {
+  putBack: () => void;
+  term: number;
+}
+
 /** A closed checkpoint whose resume failed at `members`, and how its messages were addressed (as `OpenCheckpoint`'s). */
 interface Unresumed {
   members: ParticipantRef[];
@@ -834,7 +840,7 @@ export class CheckpointEngine {
       this.options.leadership.assert(epoch);
       this.open = open;
       const putBack = this.forgetRestoreHistory(id);
-      return this.driveRestore(open, deadlineMs, ctx, undefined, putBack);
+      return this.driveRestore(open, deadlineMs, ctx, undefined, { putBack, term });
     }, request);
   }
 
@@ -1998,17 +2004,18 @@ export class CheckpointEngine {
    * it may have been installed, everyone resumes, and it throws `restore_failed`. Recovery
    * re-drives a predecessor's restore (`journaled`: its entry's state) through here: a member that
    * restored it already answers from its reply cache (kept per id, directory and scope, whatever
-   * the epoch and deadline), one that never got it installs it now. A first send (`putBack`, what
-   * its opening forgot) that every member refused is answered as that refusal (refuseRestore).
+   * the epoch and deadline), one that never got it installs it now. A first send (`first`: what its
+   * opening forgot, and the leader term it opened in) that every member refused is answered as that
+   * refusal (refuseRestore).
    */
-  private driveRestore(open: OpenCheckpoint, deadlineMs: number, ctx: Context | undefined, journaled: undefined, putBack: () => void): Promise<CtlReplyOf<"restore">>;
+  private driveRestore(open: OpenCheckpoint, deadlineMs: number, ctx: Context | undefined, journaled: undefined, first: FirstRestoreSend): Promise<CtlReplyOf<"restore">>;
   private driveRestore(open: OpenCheckpoint, deadlineMs: number, ctx: Context | undefined, journaled: "restoring" | "restored"): Promise<CtlReplyOf<"restore"> | undefined>;
   private async driveRestore(
     open: OpenCheckpoint,
     deadlineMs: number,
     ctx: Context | undefined,
     journaled?: "restoring" | "restored",
-    putBack?: () => void,
+    first?: FirstRestoreSend,
   ): Promise<CtlReplyOf<"restore"> | undefined> {
     const { id, epoch } = open;
     const request = { checkpoint_id: id, deadline_ts: deadlineMs / 1000, epoch, checkpoint_dir: open.dir ?? this.options.catalog.dirFor(id), episode_ids: open.scope ?? [] };
@@ -2053,8 +2060,8 @@ export class CheckpointEngine {
     // Every participant refused this restore before installing anything (a first send: a re-driven
     // one may have installed before): nothing to clean up, so its refusal is the answer. Not when one
     // is parked in another checkpoint (a stop checkpoint's processes): the clean-up's resume lets it go.
-    if (putBack && failures.length === outcomes.length && failures.every((f) => RESTORE_REFUSALS.has(f.code) && !PARKED_ELSEWHERE.has(f.code))) {
-      return this.refuseRestore(open, failures, deadlineMs, putBack);
+    if (first && failures.length === outcomes.length && failures.every((f) => RESTORE_REFUSALS.has(f.code) && !PARKED_ELSEWHERE.has(f.code))) {
+      return this.refuseRestore(open, failures, deadlineMs, first);
     }
     // A participant's refusal changed nothing there; anywhere else the restore may have installed
     // attempt+1 (it did, or the outcome is unknown), and only there must it be retired: retiring it
@@ -2095,15 +2102,22 @@ export class CheckpointEngine {
    * processes still run. Its open state and journal entry go, answered once the entry is removed
    * (a successor re-driving it would take a stale_checkpoint for an install since resumed, and retire
    * attempt+1 there); then the refusal, the common code or the first, naming every participant.
+   * The term it opened in lost since (while its sends were in flight), its entry and the id's
+   * records are the next term's: nothing is noted or removed here.
    */
-  private async refuseRestore(open: OpenCheckpoint, failures: Failure[], deadlineMs: number, putBack: () => void): Promise<never> {
+  private async refuseRestore(open: OpenCheckpoint, failures: Failure[], deadlineMs: number, { putBack, term }: FirstRestoreSend): Promise<never> {
     this.checkpointLog(open.id).info({ refusals: failures.map((f) => `${refName(f.participant)}: ${f.code}`) }, "restore_refused_everywhere");
     // Not close(): the id is left as it was (closed or not), not fenced here by a restore that did nothing.
     if (this.open === open) this.open = undefined;
     putBack();
+    const refusal = combinedFailure("restore", failures);
+    // Deposed (as the failed-write path in restore()): read late, leaderTerm would put the record in
+    // the next term's map (emptied by leadershipLost) and run the removal as that term's, deleting
+    // the entry its recovery finishes. The op answers outcome_unknown (runOp: the term changed).
+    if (term !== this.leaderTerm) throw refusal;
     // It changed nothing: an earlier restore's record stays as it was.
     this.removalRecords(open.id, open.outcomeBefore);
-    const removal = this.removeEntry(open.id, this.journalWrites.get(open.id), this.leaderTerm, open.outcomeBefore);
+    const removal = this.removeEntry(open.id, this.journalWrites.get(open.id), term, open.outcomeBefore);
     await this.entryRemoved(
       open.id,
       removal,
@@ -2111,7 +2125,6 @@ export class CheckpointEngine {
       `the restore of checkpoint ${open.id} was refused by every participant (nothing installed)`,
       "a successor may still send it again and clean it up (restore_failed); retry the restore once a leader serves",
     );
-    const refusal = combinedFailure("restore", failures);
     this.refusedRestores.delete(open.id);
     this.refusedRestores.set(open.id, { scope: open.scope ?? [], refusal });
     keepNewest(this.refusedRestores, REMEMBERED_CHECKPOINTS);

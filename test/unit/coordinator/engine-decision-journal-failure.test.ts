@@ -301,3 +301,36 @@ describe("a checkpoint aborted because its open entry could not be journaled, re
     });
   }
 });
+
+/**
+ * The reviewers' HA case: leadership is lost while a restore's sends are in flight, and then every
+ * participant refuses it. refuseRestore read the leader term only then, after leadershipLost
+ * emptied this term's map of removal records: it noted the id's earlier restore record in the NEXT
+ * term's map (a later restore of the id, its key holding an entry, would take that record for the
+ * journal's), and its removal ran as the next term's, deleting the `restoring` entry that term's
+ * recovery is to finish. As the failed-write path does, a deposed refusal notes and removes nothing.
+ */
+describe("a restore every participant refuses after leadership was lost while its sends were in flight", () => {
+  for (const regained of [false, true]) {
+    it(`notes no record in the next term and leaves its entry to that term (${regained ? "leading again" : "deposed"}); outcome_unknown`, async () => {
+      const { engine, fake, journal, leadership } = makeEngine(root);
+      await engine.checkpoint({ checkpoint_id: "base", episode_ids: null, stop: false, controller_state: null });
+      await engine.restore({ checkpoint_id: "base", episode_ids: R1 });
+      await engine.resume({ checkpoint_id: "base" });
+      await journalEmptied(journal);
+      expect(await journal.restoreOutcome("base")).toBe("restored");
+      for (const m of FOUR_KINDS) fake.set(m.kind, m.instance, "restore", { error: "invalid_request" });
+      const held = fake.hold("model", "m1", "restore");
+      const restore = answered(engine.restore({ checkpoint_id: "base", episode_ids: R1 }));
+      await held.reached;
+      engine.leadershipLost();
+      if (!regained) leadership.demote();
+      held.release();
+      expect((await restore).code).toBe("outcome_unknown");
+      // The `restoring` entry is the next term's: its recovery sends the restore again and settles it.
+      expect(journal.entries.get("base")).toMatchObject({ state: "restoring" });
+      const records = (engine as unknown as { restoreRecords: Map<string, string> }).restoreRecords;
+      expect([...records.keys()]).toEqual([]);
+    });
+  }
+});
