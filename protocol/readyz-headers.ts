@@ -10,7 +10,9 @@ export const HEADER_COORDINATOR_ID = "Gym-Coordinator-Id";
 export const HEADER_COORDINATOR_EPOCH = "Gym-Coordinator-Epoch";
 /**
  * `1` beside the epoch header when the term it names has served the controller API (its lease marked
- * serving): a 503 then comes from a leader stopping gracefully (it answers the ops under way before it
+ * serving, or this HTTP API answering ops in it: it does once the term recovered, a few ms before the
+ * lease is marked, which never happens if the NATS API's subscribe fails or a stop begins first):
+ * a 503 then comes from a leader stopping gracefully (it answers the ops under way before it
  * lets the lease go) or whose renewal lapsed (it serves again once one lands), which may hold the op,
  * not from a new leader waiting out its first lease period or recovering. Absent from a coordinator
  * before it: its refusals naming a term count as a term that did not serve yet.

@@ -117,8 +117,11 @@ export class HttpControllerApi {
       reply.header(HEADER_COORDINATOR_ID, formatCoordinatorIdHeader(state.id));
       if (state.epoch !== null) reply.header(HEADER_COORDINATOR_EPOCH, String(state.epoch));
       // A refusal of a term that served (stopping, or its renewal lapsed) may come from the op's own
-      // coordinator: a client must not take it for a successor that did not serve yet.
-      if (state.epoch !== null && state.serving === true) reply.header(HEADER_COORDINATOR_SERVED, "1");
+      // coordinator: a client must not take it for a successor that did not serve yet. This API serves
+      // ops as soon as the engine recovered in the term (its gate; leadershipLost shuts it again),
+      // before the lease is marked serving (after the NATS API subscribed, or never if that fails or
+      // a stop begins first): from then on, too.
+      if (state.epoch !== null && (state.serving === true || this.options.engine.recovered)) reply.header(HEADER_COORDINATOR_SERVED, "1");
       if (this.stopping || !state.ready || !this.options.engine.recovered) return this.refuse(reply, new CheckpointError("not_leader", `this coordinator is not the ready leader${why}`));
       return { ok: true, epoch: state.epoch };
     });

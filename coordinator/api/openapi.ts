@@ -80,7 +80,7 @@ export function buildOpenApiDocument(): Record<string, unknown> {
       schema: term,
     },
     [HEADER_COORDINATOR_SERVED]: {
-      description: "1 when the term it holds has served the controller API (on a 503: a leader stopping gracefully or whose lease renewal lapsed, which may be answering an op; not a new leader waiting out its first lease period); absent otherwise",
+      description: "1 when the term it holds has served the controller API, this HTTP API included (it serves ops once the term recovered; on a 503: a leader stopping gracefully or whose lease renewal lapsed, which may be answering an op; not a new leader waiting out its first lease period); absent otherwise",
       required: false,
       schema: { type: "string", const: "1" },
     },

@@ -3,8 +3,9 @@ import { connect } from "node:net";
 import { join } from "node:path";
 import { headers } from "@nats-io/transport-node";
 import { Ajv2020 } from "ajv/dist/2020.js";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { httpUrlOf } from "../../coordinator/api/http-api.js";
+import { NatsControllerApi } from "../../coordinator/api/nats-api.js";
 import { HttpControllerClient } from "../../coordinator/client/http-controller-client.js";
 import {
   CheckpointError,
@@ -19,6 +20,7 @@ import {
   controllerSubject,
 } from "../../protocol/index.js";
 import { refusalOf } from "../support/refusal.js";
+import { waitUntil } from "../support/wait-until.js";
 import { CONTROLLER_TOKEN, startWorld, type World } from "./coordinator-harness.js";
 
 let world: World;
@@ -326,6 +328,43 @@ describe("refusals docs/api.md lists per op", () => {
       body: { error: { code: "invalid_checkpoint_state" } },
     });
     for (const p of world.participants) expect(p.handle.controlPlane.currentPhase).toBe("idle");
+  });
+});
+
+/**
+ * The daemon marks its lease serving (markServing) only after the NATS API subscribed: a few ms after
+ * the HTTP API already answers ops and /readyz 200 (ready and recovered), and never if that subscribe
+ * fails or a stop begins in between. /readyz took its Served header from that mark alone, so a refusal
+ * from that term in the gap (its renewal lapsed) lacked it: an HTTP client took the term answering its
+ * op for one not serving yet and ended the op outcome_unknown. The NATS API's start is held here to
+ * keep the gap open (the real daemon, NATS and HTTP otherwise).
+ */
+describe("/readyz of a term whose lease is not marked serving yet", () => {
+  it("says the term served (Gym-Coordinator-Served) once its HTTP API serves ops", async () => {
+    const gapWorld = await startWorld({ nats: world.nats });
+    let release!: () => void;
+    const subscribed = new Promise<void>((resolve) => (release = resolve));
+    const start = NatsControllerApi.prototype.start;
+    const held = vi.spyOn(NatsControllerApi.prototype, "start").mockImplementation(async function (this: NatsControllerApi) {
+      await subscribed;
+      return start.call(this);
+    });
+    try {
+      const coordinator = await gapWorld.startCoordinator({ lease_ms: 3000 });
+      const url = coordinator.httpUrl!;
+      await waitUntil(async () => (await fetch(`${url}/readyz`)).status === 200, "the HTTP API to answer ready", 15_000);
+      expect(coordinator.lease.state()).toMatchObject({ ready: true, serving: false });
+      expect((await fetch(`${url}/v1/checkpoints`, { headers: auth })).status).toBe(200);
+      const ready = await fetch(`${url}/readyz`);
+      expect([ready.status, ready.headers.get(HEADER_COORDINATOR_EPOCH), ready.headers.get(HEADER_COORDINATOR_SERVED)]).toEqual([200, String(coordinator.lease.state().epoch), "1"]);
+      release();
+      await coordinator.whenReady();
+      expect(coordinator.lease.state().serving).toBe(true);
+    } finally {
+      release();
+      held.mockRestore();
+      await gapWorld.close();
+    }
   });
 });
 

@@ -113,6 +113,34 @@ describe("controller ops wait for recovery (the daemon's engine)", () => {
     expect(await answer()).toEqual([503, String(term.epoch), "1"]);
   });
 
+  // The daemon marks its lease serving only after the NATS API subscribed (markServing), a few ms
+  // after the HTTP API serves ops (the engine recovered), and never if that subscribe fails or a stop
+  // begins in between. A /readyz refusal of that term in the gap lacked Served: a client took the
+  // term answering its op for one not serving yet, and ended the op (outcome_unknown).
+  it("HTTP: a term whose HTTP API serves ops says it served, before the lease is marked serving", async () => {
+    const { engine, leadership } = makeEngine(root, { requireRecovery: true });
+    const term = leadership.state();
+    let lapsed = false;
+    const unmarked = Object.assign(Object.create(leadership) as typeof leadership, { state: () => ({ ...term, ready: !lapsed, serving: false }) });
+    http = new HttpControllerApi({ engine, leadership: unmarked, token: "t" });
+    const base = await http.start();
+    const answer = async () => {
+      const response = await fetch(`${base}/readyz`);
+      await response.body?.cancel();
+      return [response.status, response.headers.get(HEADER_COORDINATOR_EPOCH), response.headers.get(HEADER_COORDINATOR_SERVED)];
+    };
+    // Recovering: no op served in this term yet.
+    expect(await answer()).toEqual([503, String(term.epoch), null]);
+    await engine.recover();
+    expect((await fetch(`${base}/v1/prepare`, { method: "POST", headers: { authorization: "Bearer t" }, body: JSON.stringify({ checkpoint_id: "s1" }) })).status).toBe(200);
+    expect(await answer()).toEqual([200, String(term.epoch), "1"]);
+    lapsed = true; // its renewal lapsed, the lease still not marked serving
+    expect(await answer()).toEqual([503, String(term.epoch), "1"]);
+    // The term ended: the next one (not recovered yet) served nothing.
+    engine.leadershipLost();
+    expect(await answer()).toEqual([503, String(term.epoch), null]);
+  });
+
   it("HTTP: /readyz and the ops answer not_leader while the lease is ready but recovery has not run", async () => {
     const { engine, leadership } = makeEngine(root, { requireRecovery: true });
     http = new HttpControllerApi({ engine, leadership, token: "t" });
