@@ -99,7 +99,7 @@ export class RolloutRecordsSink {
   private closed = false;
   /** Records added after close: never written, always counted in `stats.unwritten`. */
   private late = 0;
-  /** Records added and not yet written, dropped or left out (buffered, or in a flush under way): what abandon() counts unwritten. */
+  /** Records added and not yet published, dropped or left out (buffered, or in a flush under way before its record file's link): what abandon() counts unwritten. */
   private outstanding = 0;
   /** Set by abandon(): the exit went on without the final flush, so nothing is published or written any more. */
   private abandoned = false;
@@ -278,9 +278,12 @@ export class RolloutRecordsSink {
    * try wrote is counted in `stats.unwritten`.
    */
   async close(): Promise<void> {
+    // Abandoned: its caller exited without it; waiting for the flush that hung again would hold a second exit path as long.
+    if (this.abandoned) return;
     this.closing = true;
     await this.flush();
-    for (let tries = 1; this.buffer.length > 0 && tries < CLOSE_TRIES; tries++) {
+    // Not tried again once abandoned: each try syncs --out first, and the lock is let go by then.
+    for (let tries = 1; this.buffer.length > 0 && tries < CLOSE_TRIES && !this.abandoned; tries++) {
       await new Promise((resolve) => setTimeout(resolve, CLOSE_RETRY_MS));
       await this.flush();
     }
@@ -297,7 +300,8 @@ export class RolloutRecordsSink {
    * close() was not waited for (its storage hangs, and the process exits): every record not yet
    * written, buffered or in the flush under way, is counted in `stats.unwritten` now, and a record
    * added from now on too. A flush whose sync ends after it publishes nothing: the exit went on, the
-   * lock let go, and another collection may write the directory by then.
+   * lock let go, and another collection may write the directory by then; nor is any flush started
+   * after it (a retry of close, a batch's next step), and a later close() returns at once.
    */
   abandon(): void {
     if (this.closed) return;
@@ -316,7 +320,8 @@ export class RolloutRecordsSink {
    */
   private async write(batch: TraceRecord[]): Promise<void> {
     let rest = batch;
-    while (rest.length > 0) rest = await this.writeStep(rest);
+    // Abandoned: nothing more is synced, marked or published (a step queued behind the hung one, the next part of a split batch).
+    while (rest.length > 0 && !this.abandoned) rest = await this.writeStep(rest);
   }
 
   /**
@@ -373,6 +378,9 @@ export class RolloutRecordsSink {
       }
       recordFile = encoded.recordFile;
       published = true;
+      // Linked: its records are out for readers whatever follows (never taken back), so not
+      // counted unwritten by an abandon while the index or marker after it hangs.
+      this.outstanding -= records.length;
       await fsyncDirectory(join(this.root, rolloutStepDir(step)));
       await replaceFileDurably(join(this.root, encoded.indexFile), encoded.indexBytes);
       await this.completeMarker(step, "flush");
@@ -444,7 +452,6 @@ export class RolloutRecordsSink {
   }
 
   private written(step: number, records: number, file: string): void {
-    this.outstanding -= records;
     this.stats.steps++;
     this.stats.records += records;
     this.logger.info({ step, records, file }, "rollout records written");

@@ -173,5 +173,12 @@ describe("a failed run() with results.jsonl's sync hanging", () => {
     expect(disk.syncing).toBe(1);
     expect(lines.filter((l) => l.startsWith("the final flush of the rollout records did not end within --run-timeout-s"))).toHaveLength(1);
     expect(collector.summary().records).toMatchObject({ records: 0, unwritten: 1 });
+     // A SIGINT's exit path meanwhile (halt, then flushRecords) does not wait a second --run-timeout-s
+    // for the flush run() gave up, nor warn again.
+    await collector.halt();
+    await collector.flushRecords();
+    expect(disk.syncing).toBe(1);
+    expect(lines.filter((l) => l.startsWith("the final flush of the rollout records did not end within --run-timeout-s"))).toHaveLength(1);
+    expect(collector.summary().records).toMatchObject({ records: 0, unwritten: 1 });
   });
 });
