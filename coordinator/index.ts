@@ -47,7 +47,7 @@ export { CoordinatorConfigSchema, SECRET_CONFIG_PATHS } from "./config/coordinat
 export type { CoordinatorConfig, CoordinatorConfigInput } from "./config/coordinator-config.js";
 export { loadConfig, redactConfig, CONFIG_ENV } from "./config/config-loader.js";
 export { startCoordinator } from "./daemon/coordinator-daemon.js";
-export type { StartCoordinatorOptions, CoordinatorHandle } from "./daemon/coordinator-daemon.js";
+export type { StartCoordinatorOptions, CoordinatorHandle, CoordinatorHooks } from "./daemon/coordinator-daemon.js";
 export { createLogger, REDACT_PATHS } from "./telemetry/logger.js";
 export { decodeControllerReply } from "./client/reply-decoder.js";
 export { coordinatorTelemetry } from "./telemetry/coordinator-telemetry.js";

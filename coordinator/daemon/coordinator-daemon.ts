@@ -29,6 +29,15 @@ import { highestEpochInUse } from "./epoch-floor.js";
 /** The longest a winning campaign waits for participants' statuses (see `epochFloor`). */
 const STATUS_PROBE_MS = 2_000;
 
+/** Test-only fault injection: the engine's points, and the daemon's own. */
+export interface CoordinatorHooks extends EngineHooks {
+  /**
+   * Awaited once a term recovered, before its NATS controller API starts (so before the lease is
+   * marked serving): the HTTP API already serves ops meanwhile. Lets a test hold that gap open.
+   */
+  beforeNatsApiStart?: (epoch: number) => void | Promise<void>;
+}
+
 export interface StartCoordinatorOptions {
   config: CoordinatorConfig;
   logger?: Logger;
@@ -36,7 +45,7 @@ export interface StartCoordinatorOptions {
   /** Use this connection instead of connecting (it is not closed on stop). */
   nc?: NatsConnection;
   /** Test-only fault injection. */
-  hooks?: EngineHooks;
+  hooks?: CoordinatorHooks;
   /** Test-only: how long a removed journal entry's purge marker stays (KvDecisionJournal.open's `markerKeepMs`; 30 min). */
   journalMarkerKeepMs?: number;
   /** Called just before the leader lease starts campaigning: from then on this process may hold the leader key, which only `stop()` releases before it expires. */
@@ -167,6 +176,7 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
           if (stopped || !state.leader || state.epoch !== epoch) return;
         }
       }
+      await options.hooks?.beforeNatsApiStart?.(epoch);
       // Lost during a recovery that completed (onLost found nothing to stop yet): subscribed now, it
       // would take every controller request and answer none (not answering), so a controller no
       // longer sees no-responders while no coordinator serves. The next term starts it.

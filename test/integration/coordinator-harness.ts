@@ -7,8 +7,7 @@ import { afterAll, beforeAll } from "vitest";
 import { startParticipant, type ParticipantHandle } from "../../participants/control-plane/start-participant.js";
 import { ScriptableKind, type ScriptRecord } from "../../participants/testing/scriptable-kind.js";
 import { CoordinatorConfigSchema, type CoordinatorConfig } from "../../coordinator/config/coordinator-config.js";
-import { startCoordinator, type CoordinatorHandle } from "../../coordinator/daemon/coordinator-daemon.js";
-import type { EngineHooks } from "../../coordinator/engine/checkpoint-engine.js";
+import { startCoordinator, type CoordinatorHandle, type CoordinatorHooks } from "../../coordinator/daemon/coordinator-daemon.js";
 import { NatsControllerClient } from "../../coordinator/client/nats-controller-client.js";
 import type { EpisodeId, Kind } from "../../protocol/index.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
@@ -77,8 +76,8 @@ export interface World {
   coordinators: CoordinatorHandle[];
   client: NatsControllerClient;
   config(overrides?: Partial<CoordinatorConfig>): CoordinatorConfig;
-  /** `hooks`: the engine's test-only fault injection points. */
-  startCoordinator(overrides?: Partial<CoordinatorConfig>, options?: { hooks?: EngineHooks }): Promise<CoordinatorHandle>;
+  /** `hooks`: the engine's and the daemon's test-only fault injection points. */
+  startCoordinator(overrides?: Partial<CoordinatorConfig>, options?: { hooks?: CoordinatorHooks }): Promise<CoordinatorHandle>;
   /** `announce: false`: subscribed but not (yet) in the membership registry. */
   startParticipants(members?: { kind: Kind; instance: string }[], options?: { announce?: boolean }): Promise<RunningParticipant[]>;
   stopParticipants(): Promise<void>;

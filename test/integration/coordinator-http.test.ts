@@ -3,9 +3,8 @@ import { connect } from "node:net";
 import { join } from "node:path";
 import { headers } from "@nats-io/transport-node";
 import { Ajv2020 } from "ajv/dist/2020.js";
-import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { httpUrlOf } from "../../coordinator/api/http-api.js";
-import { NatsControllerApi } from "../../coordinator/api/nats-api.js";
 import { HttpControllerClient } from "../../coordinator/client/http-controller-client.js";
 import {
   CheckpointError,
@@ -336,21 +335,16 @@ describe("refusals docs/api.md lists per op", () => {
  * the HTTP API already answers ops and /readyz 200 (ready and recovered), and never if that subscribe
  * fails or a stop begins in between. /readyz took its Served header from that mark alone, so a refusal
  * from that term in the gap (its renewal lapsed) lacked it: an HTTP client took the term answering its
- * op for one not serving yet and ended the op outcome_unknown. The NATS API's start is held here to
- * keep the gap open (the real daemon, NATS and HTTP otherwise).
+ * op for one not serving yet and ended the op outcome_unknown. The daemon's beforeNatsApiStart hook
+ * holds the gap open (the real daemon, NATS and HTTP otherwise).
  */
 describe("/readyz of a term whose lease is not marked serving yet", () => {
   it("says the term served (Gym-Coordinator-Served) once its HTTP API serves ops", async () => {
     const gapWorld = await startWorld({ nats: world.nats });
     let release!: () => void;
     const subscribed = new Promise<void>((resolve) => (release = resolve));
-    const start = NatsControllerApi.prototype.start;
-    const held = vi.spyOn(NatsControllerApi.prototype, "start").mockImplementation(async function (this: NatsControllerApi) {
-      await subscribed;
-      return start.call(this);
-    });
     try {
-      const coordinator = await gapWorld.startCoordinator({ lease_ms: 3000 });
+      const coordinator = await gapWorld.startCoordinator({ lease_ms: 3000 }, { hooks: { beforeNatsApiStart: () => subscribed } });
       const url = coordinator.httpUrl!;
       await waitUntil(async () => (await fetch(`${url}/readyz`)).status === 200, "the HTTP API to answer ready", 15_000);
       expect(coordinator.lease.state()).toMatchObject({ ready: true, serving: false });
@@ -362,7 +356,6 @@ describe("/readyz of a term whose lease is not marked serving yet", () => {
       expect(coordinator.lease.state().serving).toBe(true);
     } finally {
       release();
-      held.mockRestore();
       await gapWorld.close();
     }
   });
