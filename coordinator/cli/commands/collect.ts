@@ -232,7 +232,16 @@ export function register(program: Command): void {
       // SIGHUP ends the process as by default: nothing is held yet). SIGTERM checkpoints with stop and exits 75; SIGINT and SIGHUP
       // stop at once and exit 130, or die by SIGHUP: the next start retires what was in flight. A second SIGTERM during
       // the stop checkpoint is ignored; a SIGINT or SIGHUP then cuts it short, the records flushed and the lock released.
+      // Once an exit is decided (75 announced, or a SIGINT's or SIGHUP's), a further signal only hurries it.
+      /**
+       * The exit code once an ending signal's exit is decided: a SIGINT's or SIGHUP's as it arrives, a
+       * SIGTERM's 75 once announced. A later signal changes it no more, only cuts the wait short.
+       */
+      let decidedCode: number | undefined;
+      /** Set as leave() begins: a halt and flush still under way then were overtaken, and say and do nothing more. */
+      let exitStarted = false;
       const leave = async (code: number) => {
+        exitStarted = true;
         progress.finish();
         await release();
         // A hangup ends the process by SIGHUP itself, as its default action would, once the stop is
@@ -243,9 +252,19 @@ export function register(program: Command): void {
       const onSignal = (signal: EndingSignal) => {
         // The collection's summary or error is on its way out (bounded: a release, telemetry's 2 s).
         if (exitBy === "main") return void logger?.info({ signal }, "the collection is exiting with its own code; the signal changes nothing");
-        if (leaving === "SIGTERM" && signal === "SIGTERM") return void logger?.warn("SIGTERM again: the stop checkpoint is still running");
-        if (leaving && signal === "SIGTERM") return; // already leaving at once
-        const before = leaving;
+        if (leaving && signal === "SIGTERM") {
+          if (leaving === "SIGTERM" && decidedCode === undefined) logger?.warn("SIGTERM again: the stop checkpoint is still running");
+          return; // already leaving
+        }
+        // An exit decided already (a SIGINT's, a SIGHUP's, or the stop checkpoint's announced 75) owns
+        // the outcome: this signal only cuts its halt and flush short, exiting at once with its code.
+        // It used to start a halt and flush of its own: both printed the "not written" line, and
+        // their exits (75 and 130, or a hangup) raced.
+        if (decidedCode !== undefined) {
+          if (exitStarted) return;
+          logger?.warn({ signal, exit_code: decidedCode }, "exiting at once without waiting for the halt and the records flush");
+          return void leave(decidedCode);
+        }
         leaving = signal;
         exitBy = "signal";
         if (signal === "SIGTERM") {
@@ -257,9 +276,9 @@ export function register(program: Command): void {
         }
         signalDecided(true);
         const code = EXIT_BY_SIGNAL[signal];
-        // A second SIGINT or SIGHUP cuts the first one's flush short. One during the stop checkpoint
-        // cuts that short, but still writes the records of the rows --out has, as below.
-        if (before !== undefined && before !== "SIGTERM") return void leave(code);
+        // One during the stop checkpoint (not yet announced) cuts that short and takes over the exit,
+        // but still writes the records of the rows --out has, as below.
+        decidedCode = code;
         void (async () => {
           progress.finish();
           // No /run is sent and no row appended to --out from here on (the next start retires what
@@ -270,6 +289,7 @@ export function register(program: Command): void {
           // appends and the close together, then the flush).
           await collector?.halt({ resumeCheckpoint: true }).catch(() => undefined);
           await collector?.flushRecords().catch(() => undefined);
+          if (exitStarted) return; // a second signal cut this short: exiting already
           reportUnwrittenRecords();
           await leave(code);
         })();
@@ -308,9 +328,12 @@ export function register(program: Command): void {
         signalDecided(true);
         progress.finish();
         process.stderr.write(`stopped: checkpoint ${result.published ? `${result.checkpointId} published` : "not published"}; exiting ${EXIT_REQUEUE} so the scheduler requeues\n`);
+        // Announced: 75 stands; a SIGINT or SIGHUP from here on only cuts the halt and flush short.
+        decidedCode = EXIT_REQUEUE;
         // As on SIGINT: a row finishing after the flush would be in --out without its record.
         await collector?.halt().catch(() => undefined);
         await collector?.flushRecords().catch(() => undefined);
+        if (exitStarted) return; // cut short by a SIGINT or SIGHUP: exiting already
         reportUnwrittenRecords();
         await leave(EXIT_REQUEUE);
       };

@@ -25,6 +25,11 @@ const steer = vi.hoisted(() => ({
   meanAsked: false,
   halted: 0,
   stopAsked: 0,
+  /** When set, halt() waits for it: a halt whose appends or tasks file's close take a while. */
+  haltHeld: undefined as undefined | Promise<unknown>,
+  flushed: 0,
+  /** What summary().records says: rows whose records the final flush did not write. */
+  unwritten: 0,
 }));
 vi.mock("../../../coordinator/collect/collector.js", async (importOriginal) => {
   const original = await importOriginal<typeof import("../../../coordinator/collect/collector.js")>();
@@ -44,14 +49,17 @@ vi.mock("../../../coordinator/collect/collector.js", async (importOriginal) => {
     }
     async halt() {
       steer.halted++;
+      await steer.haltHeld;
     }
-    async flushRecords() {}
+    async flushRecords() {
+      steer.flushed++;
+    }
     async meanReward() {
       steer.meanAsked = true;
       return 1;
     }
     summary() {
-      return SUMMARY;
+      return { ...SUMMARY, records: { records: 0, steps: 0, skipped: 0, failedFlushes: 1, unwritten: steer.unwritten } };
     }
   }
   return { ...original, Collector: SteeredCollector };
@@ -86,6 +94,9 @@ beforeEach(async () => {
   steer.meanAsked = false;
   steer.halted = 0;
   steer.stopAsked = 0;
+  steer.haltHeld = undefined;
+  steer.flushed = 0;
+  steer.unwritten = 0;
   vi.spyOn(process.stderr, "write").mockImplementation((chunk: string | Uint8Array) => ((stderr += String(chunk)), true));
   vi.spyOn(process.stdout, "write").mockImplementation((chunk: string | Uint8Array) => ((stdout += String(chunk)), true));
   vi.spyOn(process, "exit").mockImplementation(((code?: number) => void exits.push(code)) as typeof process.exit);
@@ -194,6 +205,61 @@ describe("gym-ckpt collect: one outcome when a signal and the collection's end r
     expect(exits).toEqual([]);
     expect(stdout).toContain("rows: 2 (finished 1, failed 0)");
     expect(process.exitCode).toBe(1); // a row not finished
+  });
+
+  // The first exit under way owns the outcome: a later SIGINT or SIGHUP only cuts its halt and flush
+  // short. One after the stop checkpoint's "exiting 75" started a second halt and flush: both
+  // printed the "not written" line, and 75 and 130 (or a hangup) raced.
+  it.each(["SIGINT", "SIGHUP"] as const)(
+    "a SIGTERM's stop checkpoint published and 'exiting 75' printed, then %s during the halt that follows: exit 75 at once, no second halt, one 'not written' line at most",
+    async (later) => {
+      const kills: unknown[] = [];
+      vi.spyOn(process, "kill").mockImplementation((pid, signal) => (kills.push([pid, signal]), true));
+      let endHalt!: () => void;
+      steer.haltHeld = new Promise<void>((resolve) => (endHalt = resolve));
+      steer.unwritten = 2;
+      const action = collect();
+      await waitUntil(() => steer.running, "the collection running");
+      process.emit("SIGTERM");
+      await waitUntil(() => steer.stopAsked === 1, "the stop checkpoint asked for");
+      steer.stop.resolve({ published: true, checkpointId: "20261207T000000Z-stop" });
+      await waitUntil(() => steer.halted === 1, "the halt after the stop checkpoint");
+      expect(stderr).toContain("stopped: checkpoint 20261207T000000Z-stop published; exiting 75");
+      process.emit(later);
+      await waitUntil(() => exits.length > 0, "the exit cut short", 3000);
+      expect(exits).toEqual([75]);
+      // The halt ends after all: the first path, overtaken, neither reports nor exits again.
+      endHalt();
+      await waitUntil(() => steer.flushed >= 1, "the first path's flush");
+      steer.run.resolve(SUMMARY);
+      await settled(action, true);
+      expect(exits).toEqual([75]);
+      expect(kills).toEqual([]);
+      expect(steer.halted).toBe(1);
+      expect(stderr.split("finished rows not written").length - 1).toBeLessThanOrEqual(1);
+      expect(stdout).toBe("");
+      expect(process.exitCode).toBeUndefined();
+    },
+  );
+
+  it("Ctrl-C twice, the second during the first one's halt: exit 130 once, one halt, one 'not written' line at most", async () => {
+    let endHalt!: () => void;
+    steer.haltHeld = new Promise<void>((resolve) => (endHalt = resolve));
+    steer.unwritten = 2;
+    const action = collect();
+    await waitUntil(() => steer.running, "the collection running");
+    process.emit("SIGINT");
+    await waitUntil(() => steer.halted === 1, "the halt");
+    process.emit("SIGINT");
+    await waitUntil(() => exits.length > 0, "the exit cut short", 3000);
+    endHalt();
+    await waitUntil(() => steer.flushed >= 1, "the first path's flush");
+    steer.run.resolve(SUMMARY);
+    await settled(action, true);
+    expect(exits).toEqual([130]);
+    expect(steer.halted).toBe(1);
+    expect(stderr.split("finished rows not written").length - 1).toBeLessThanOrEqual(1);
+    expect(stdout).toBe("");
   });
 
   // run() gives up a worker its storage holds in a task line read (a dead mount) after
