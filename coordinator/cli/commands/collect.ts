@@ -257,9 +257,8 @@ export function register(program: Command): void {
           return; // already leaving
         }
         // An exit decided already (a SIGINT's, a SIGHUP's, or the stop checkpoint's announced 75) owns
-        // the outcome: this signal only cuts its halt and flush short, exiting at once with its code.
-        // It used to start a halt and flush of its own: both printed the "not written" line, and
-        // their exits (75 and 130, or a hangup) raced.
+        // the outcome: this signal only cuts its halt and flush short, exiting at once with its code
+        // (a halt and flush of its own would print a second "not written" line, and race its exit).
         if (decidedCode !== undefined) {
           if (exitStarted) return;
           logger?.warn({ signal, exit_code: decidedCode }, "exiting at once without waiting for the halt and the records flush");
