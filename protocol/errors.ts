@@ -109,7 +109,7 @@ export const ERROR_CATALOG = {
   },
   outcome_unknown: {
     status: 504,
-    meaning: "A request timed out, a journal write before anything was sent failed (a commit decision or its withdrawal by a resume, a restore, the resume of a restored checkpoint or the clean-up it runs: nothing more was sent, but the write may have landed), or the coordinator lost leadership after the op began, or (a `resume` of an id this coordinator did not close in its current leadership term, or any `restore`) the decision journal could not be read to learn how a restore of that id last settled (nothing sent); the participant (or a successor completing a journaled decision) may or may not have acted.",
+    meaning: "A request timed out, a journal write before anything was sent failed (a commit decision or its withdrawal by a resume, a restore, the resume of a restored checkpoint or the clean-up it runs: nothing more was sent, but the write may have landed), or the coordinator lost leadership after the op began, or (a `resume` of an id this coordinator did not close in its current leadership term, or a `restore` other than of a published checkpoint nobody resumed, whose own entry holds that record's key) the decision journal could not be read to learn how a restore of that id last settled (nothing sent); the participant (or a successor completing a journaled decision) may or may not have acted.",
     solve: "Retry with the same checkpoint id: every operation is idempotent per (checkpoint_id, op).",
   },
   journal_unavailable: {
