@@ -40,8 +40,8 @@ export const MAX_CONTROLLER_STATE_FILE_BYTES = 256 << 20;
 /**
  * Deepest nesting a checkpoint.json may have, its open-ended parts (participants' `extras`, inline
  * controller state, which a publish already limits to MAX_JSON_DEPTH) included. JSON.parse takes any
- * depth, but JSON.stringify recurses: one nested a few thousand levels (a few KiB of brackets) parsed
- * and passed `verify`, then every reply carrying it (`get`) overflowed the stack, internal_error.
+ * depth, but JSON.stringify recurses: one nested a few thousand levels (a few KiB of brackets) would parse
+ * and pass `verify`, then every reply carrying it (`get`) would overflow the stack, internal_error.
  */
 export const MAX_GLOBAL_MANIFEST_NESTING = 1024;
 

@@ -38,7 +38,7 @@ export const MAX_INCARNATION_CHARS = 64;
  * A participant's process incarnation: random per process, so a restarted participant is a new one.
  * Visible ASCII without `"` and `\`, which JSON writes as themselves, one byte each: the coordinator
  * sizes a restore's journal entries with MAX_INCARNATION_CHARS bytes per restorer before the replies
- * name them, and 64 control characters (`\u0001` is 6 bytes of JSON) made the entry it then wrote
+ * name them, and 64 control characters (`\u0001` is 6 bytes of JSON) would make the entry it then writes
  * larger than the one it checked, refused with the restore already sent.
  */
 export const IncarnationSchema = z
@@ -135,8 +135,8 @@ export type PrepareReport = z.infer<typeof PrepareReportSchema>;
 
 /**
  * Kind-specific additions. Nested at most MAX_JSON_DEPTH levels: a commit reply's extras go into
- * checkpoint.json as they are, and nested deeper than its readers take they published a checkpoint
- * every reader then refused (or overflowed the stack of the publication's own JSON.stringify).
+ * checkpoint.json as they are, and nested deeper than its readers take they would publish a checkpoint
+ * every reader then refuses (or would overflow the stack of the publication's own JSON.stringify).
  */
 const ExtrasSchema = JsonObjectSchema.refine((extras) => !jsonNestsDeeperThan(extras), { message: `must be JSON nested at most ${MAX_JSON_DEPTH} levels deep` });
 
@@ -232,7 +232,7 @@ const MAX_DATE_SECONDS = 8.64e12;
 /**
  * An announcement's wall-clock time, Unix seconds. Bounded by what a Date holds: a participant names
  * another process's times in its refusals (`toISOString`, which throws a RangeError past it), so
- * one a corrupt or foreign entry carried made its claim throw instead of taking the entry over.
+ * one a corrupt or foreign entry carried would make its claim throw instead of taking the entry over.
  */
 const AnnouncedAtSchema = z.number().min(0).max(MAX_DATE_SECONDS);
 

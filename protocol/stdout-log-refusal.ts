@@ -13,9 +13,9 @@ interface LogStream {
  * the storage refuses (ENOSPC, EDQUOT, EFBIG, EIO, EROFS: `gym-ckpt coordinator > gym-ckpt.log` on
  * the disk that filled) with one line on stderr, opened by `notice`, saying so. pino's stream lets
  * only EPIPE pass and re-raises anything else as an unhandled 'error': a line logged during
- * `collect`'s hangup stop crashed it before its records were written; and on a full disk the
- * crash's exit ran pino's exit-time flushSync, which retries every error but EAGAIN for ever, so
- * the process hung with its event loop blocked (its lease lapsing, SIGTERM ignored, never
+ * `collect`'s hangup stop would crash it before its records are written; and on a full disk the
+ * crash's exit would run pino's exit-time flushSync, which retries every error but EAGAIN for ever, so
+ * the process would hang with its event loop blocked (its lease lapsing, SIGTERM ignored, never
  * restarted by a supervisor). The logs stay off until the process restarts. Used by the
  * coordinator's logger and every participant program's.
  */

@@ -259,7 +259,7 @@ export class HttpControllerClient extends ControllerClient {
       return answer;
     };
     // Who led as the op was sent: the first check when it is asked now. Not a check itself (one
-    // period later, as before, is the first that can fail the op): a `status` a follower answers
+    // period later is the first that can fail the op): a `status` a follower answers
     // is refused by its /readyz all along.
     const asSent =
       kept || first === "now"

@@ -13,7 +13,7 @@ const TAKEOVER_TRIES = 3;
 /**
  * Lock files this process holds now, by file (device and inode), not by path: one with our pid is
  * "left by this process" only when not among them. By path, the same root spelled another way (a
- * symbolic link to it, a bind mount) judged this process's own live lock as left by it, and took it over.
+ * symbolic link to it, a bind mount) would judge this process's own live lock as left by it, and take it over.
  */
 const heldHere = new Set<string>();
 

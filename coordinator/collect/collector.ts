@@ -348,7 +348,7 @@ export class Collector {
     /** The checkpoint ids an abandoned collection logged: carried, as a predecessor's are (one may still open). */
     let abandonedCheckpoints: Set<string> | undefined;
     if (history) {
-      // A log older than the header naming its collection is continued, as before (an upgrade
+      // A log older than the header naming its collection is continued (an upgrade
       // mid-run still resumes), unless the start says it begins a new collection.
       const own = history.collection ? await sameCollection(history.collection, this.identity) : !this.options.newCollection;
       // Another collection that finished every row it sent is replaced as with --new-collection:
@@ -918,7 +918,7 @@ export class Collector {
   /**
    * The collection ends: --out goes on disk before the summary says so (a trainer reads it once we
    * exit, and nothing would run its rows again). Without --records-dir nothing synced it so far. A
-   * failure is final, as before a records step: the rows since the last good sync are cut off.
+   * failure is final, as one before a records step is (recordsPublishable): the rows since the last good sync are cut off.
    */
   private async syncFinishedResults(): Promise<void> {
     if (this.resultsLost || !existsSync(this.options.outPath)) return;
@@ -1048,7 +1048,7 @@ export class Collector {
           dispatcher: UNTIMED_FETCH_DISPATCHER,
         });
         // Capped: past it, payload_too_large fails the attempt like a lost reply. A body cut off or
-        // not JSON reads as {}, as before the cap.
+        // not JSON reads as {}: no refusal and no reward, so the attempt fails.
         const text = await readCappedText(response, this.options.maxRunReplyBytes ?? MAX_RUN_REPLY_BYTES, "/run reply").catch((error: unknown) => {
           if (error instanceof CheckpointError && error.code === "payload_too_large") throw error;
           return "";

@@ -41,7 +41,7 @@ const CHECKPOINT_LINE = /^\{"checkpoint_id":/;
 /**
  * No size limit: the log is streamed at start-up, keeping only the latest attempt per rollout, so
  * its size (one line per dispatch of the run, finished rows included) is no limit on how many rows
- * a collection that crashed can resume. 256 MiB, read whole, refused a run of ~1.1 million
+ * a collection that crashed can resume. A 256 MiB limit, read whole, would refuse a run of ~1.1 million
  * dispatches of 200-character rollout ids.
  */
 const NO_SIZE_LIMIT = Number.MAX_SAFE_INTEGER;

@@ -18,7 +18,7 @@ const COMPACT_AT = 1024;
 /**
  * The collector's rows counted by status as they change, and its pending rows in the order they
  * are sent: a dispatch or a finished row costs O(1) (amortized), where scanning every row each
- * time made a collection's CPU cost grow with the square of its row count.
+ * time would make a collection's CPU cost grow with the square of its row count.
  *
  * Rows never sent go in input order; a row sent again after a failure goes ahead of them once the
  * retire of its failed attempt has finished, and so does a row a restore continues (`sendFirst`).

@@ -5,8 +5,8 @@ import { CheckpointError } from "../../protocol/index.js";
 /**
  * The regular tasks file a collection runs, held open from start-up to its end: every row's line is
  * read through this one descriptor, at its offset. Opened again by path for each row, a file
- * replaced by `mv` mid-run (a new inode at the path) stopped the collection although its lines were
- * still there, and a high `--concurrency` needed a descriptor per send in flight.
+ * replaced by `mv` mid-run (a new inode at the path) would stop the collection although its lines are
+ * still there, and a high `--concurrency` would need a descriptor per send in flight.
  */
 export class TaskFile {
   private closing: Promise<void> | undefined;

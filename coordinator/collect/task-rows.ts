@@ -27,8 +27,8 @@ export interface TaskRow {
  * Where a validated task is in a regular tasks file: its line is read again (through the file's
  * descriptor kept open since start-up, `TaskFile`), and checked unchanged by its sha256, each time
  * the row is sent. A task held parsed costs about its bytes of heap, for the whole collection:
- * 500,000 tasks of 8 KB took 3.9 GB, Node's whole default heap, before a row was sent. A FIFO or
- * terminal cannot be read again: its tasks are held parsed, as before.
+ * 500,000 tasks of 8 KB would take 3.9 GB, Node's whole default heap, before a row is sent. A FIFO or
+ * terminal cannot be read again: its tasks are held parsed all the same.
  */
 export class TaskLineRef {
   constructor(

@@ -106,7 +106,7 @@ export function fileLayer(path: string): Plain {
     // memory ran out. Symbolic links are followed: mounted configs often are links.
     bytes = readRegularFileSync(path, { maxBytes: MAX_CONFIG_FILE_BYTES }).bytes;
   } catch (error) {
-    // Its refusals (not a regular file, too large) name the path; a failed open (ENOENT) is told as before.
+    // Its refusals (not a regular file, too large) name the path; a failed open (ENOENT) is told with the path here.
     if (error instanceof CheckpointError) throw new CheckpointError("invalid_request", `config file ${error.message}`);
     throw new CheckpointError("invalid_request", `cannot read config file ${path}: ${(error as Error).message}`);
   }

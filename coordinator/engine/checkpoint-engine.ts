@@ -558,7 +558,7 @@ export class CheckpointEngine {
    * of an earlier term at best, and a successor may have restored the id since, or cleaned a
    * restore of it up. Restored: a failure remembered here is an earlier restore's, forgotten (the
    * retry releases whoever still holds it, else succeeds). Cleaned up: answered restore_failed as
-   * if the clean-up ran here. No record (none written, or compacted once retention deleted the checkpoint): memory as before.
+   * if the clean-up ran here. No record (none written, or compacted once retention deleted the checkpoint): what is remembered stands.
    * The journal unreadable: `outcome_unknown`, nothing changed, rather than guess either way.
    */
   private async learnRestoreOutcome(id: string): Promise<void> {
@@ -1214,7 +1214,7 @@ export class CheckpointEngine {
         log.info({ state: entry.state }, "recovery_redrive_restore");
         try {
           // Checked, and pinned in the messages, as a restore does before its first send (no
-          // checkpoint.json: nothing to check against or pin, the participants' answers decide as before). A storage refusal (EIO)
+          // checkpoint.json: nothing to check against or pin, the participants' answers decide). A storage refusal (EIO)
           // leaves the entry for a later recovery; a manifest that no longer matches (replaced since
           // the predecessor's send, which may have installed it anywhere) is the restore's failure:
           // cleaned up at every member.
@@ -2525,7 +2525,7 @@ export class CheckpointEngine {
    * at a successor (the predecessor removed its journal entry once everyone resumed) or here after
    * REMEMBERED_CHECKPOINTS later ids pushed the reply out. Undefined when the id is not published,
    * or open here (the open checkpoint answers), or (`checkpoint`) published with other arguments:
-   * the op then refuses the id as before. A `publish` naming another controller state than
+   * the op then refuses the id by its own checks. A `publish` naming another controller state than
    * checkpoint.json records is `checkpoint_conflict`, open or not, as a kept reply's arguments are.
    */
   private async publishedWith(id: string, state: ControllerStateInput | null, commit?: { episode_ids: EpisodeId[] | null; stop: boolean }): Promise<GlobalManifest | undefined> {
@@ -2995,8 +2995,8 @@ function laggingView(open: OpenCheckpoint): Record<string, string> | undefined {
 /**
  * Refuses (`payload_too_large`) a restore whose clean-up could not retire attempt+1 in one message,
  * before anything is journaled or sent. The journal's bound admits the scope, but each attempt+1 can
- * be a digit longer (9 → 10): tens of thousands of short rollout ids then took the clean-up's retire
- * past 1 MiB, and a failed restore's clean-up could retire attempt+1 nowhere. Held to the journal's
+ * be a digit longer (9 → 10): tens of thousands of short rollout ids can take the clean-up's retire
+ * past 1 MiB, and a failed restore's clean-up would then retire attempt+1 nowhere. Held to the journal's
  * bound, which leaves the same room for the message's headers.
  */
 function assertCleanupRetireFits(open: OpenCheckpoint, deadlineMs: number): void {
@@ -3012,9 +3012,9 @@ function assertCleanupRetireFits(open: OpenCheckpoint, deadlineMs: number): void
 
 /**
  * Orders journal entries as their checkpoints opened: by the opening epoch, then the opening
- * coordinator's count. An entry of an older version (no `opened_seq`) goes by `prepared_at` and
- * before those that have one in its epoch: that epoch's coordinator either wrote none (an older
- * version) or rewrote it in recovery, so it opened earlier.
+ * coordinator's count. An entry of a coordinator older than this one (no `opened_seq`) goes by `prepared_at` and
+ * before those that have one in its epoch: that epoch's coordinator either wrote none (older than
+ * this one) or rewrote it in recovery, so it opened earlier.
  */
 function compareOpenedOrder(a: JournalEntry, b: JournalEntry): number {
   const epoch = (a.opened_epoch ?? a.epoch) - (b.opened_epoch ?? b.epoch);

@@ -30,7 +30,7 @@ const NO_RESPONDERS = 503;
  *
  * Requests share one reply subscription (`<inbox>.<token>`: see replyToken) and a plain timer each, instead of
  * `nc.request`: the coordinator sends hundreds of requests per checkpoint, and the client's own
- * request path builds an Error (a stack trace) for every one it settles, which showed up as the
+ * request path builds an Error (a stack trace) for every one it settles, which shows up as the
  * largest single cost in profiles. Semantics are the same: a reply resolves, the server's
  * no-responders status is `NoRespondersFailure`, anything else is `RequestTimeoutFailure` — an
  * unknown outcome the caller retries idempotently: a timeout, or a disconnect that may have lost

@@ -80,7 +80,7 @@ export const JournalEntrySchema = z
      * coordinator that opened it and that coordinator's count of checkpoints opened (one epoch is
      * one process, so the pair only grows). Written when the entry is first written and kept by
      * every rewrite, a successor's too: `epoch` is the last writer's and `prepared_at` a wall clock
-     * that may step back, so neither orders them. Absent (an entry of an older version): `epoch`
+     * that may step back, so neither orders them. Absent (an entry of a coordinator older than this one): `epoch`
      * then `prepared_at`, before any entry that has them in the same epoch; a rewrite then keeps
      * that `epoch` as `opened_epoch`, with no `opened_seq`.
      */

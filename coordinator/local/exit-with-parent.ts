@@ -18,5 +18,5 @@ const stop = () => {
 process.stdin.once("end", stop);
 process.stdin.once("error", stop);
 process.stdin.resume();
-// Watching is no reason to stay alive: a program that is done exits as before.
+// Watching is no reason to stay alive: a program that is done exits as it would unwatched.
 process.stdin.unref();

@@ -166,8 +166,8 @@ export async function scanRecords(
  * against it without parsing a record: what a restore checks before it sends anything, so damage
  * anywhere installs nothing anywhere. Hashing and counting newlines take a half to a third of the
  * time of `readCommittedRecords`, which also parses each record (verify, lost reply lists): 197 MiB
- * in 0.34–0.45 s against 0.75–1.35 s here. A record that does not parse is its participant's
- * refusal at install, as before.
+ * in 0.34–0.45 s against 0.75–1.35 s here. A record that does not parse is left to its participant's
+ * refusal at install.
  */
 export async function checkCommittedRecords(dir: string, checkpointId: string, entry: CommittedEntry): Promise<ParticipantManifest> {
   const label = `${entry.kind}/${entry.instance}`;

@@ -468,7 +468,7 @@ export class GlobalManifestWriter {
     try {
       await directory;
       // The root's fsync makes the new checkpoint directory durable before anything is committed
-      // into it (publication no longer fsyncs the root before the resume).
+      // into it (publication does not fsync the root before the resume).
       // Blocking opens and writes, fsyncs in the pool: this runs while the first prepare stage's
       // replies arrive, and each async fs call would be a thread-pool round trip of its own.
       const [staged, rootSynced] = await Promise.allSettled([stageSmallFile(target, `${checkpointId}\n`, temp), fsyncDirectoryInPool(this.catalog.root)]);

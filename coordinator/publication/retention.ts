@@ -87,7 +87,7 @@ export function trashCheckpointDir(root: string, id: string, below?: string): vo
  * does not free its inode inside rename(2): on ext4 that takes 0.15–0.2 ms on an idle machine and
  * up to 1.4 ms on a busy one, with the event loop blocked. Removing the link later, in the thread
  * pool, frees it; `removeTrash` sweeps one a crash left. Best effort: without it (no such file yet,
- * a refusal) the rename frees the inode as before.
+ * a refusal) the rename frees the inode itself, blocking as above.
  */
 export function linkToTrash(root: string, name: string): string | undefined {
   const link = join(root, `${TRASH_PREFIX}${name}.${randomBytes(4).toString("hex")}`);

@@ -38,7 +38,7 @@ export async function claimRootForDeployment(root: string, deployment: string): 
  * `require_existing_root_claim`, a start must not make and claim a root that may be an empty mount
  * point whose storage is not mounted yet. storage_error, not configuration: a restart once the
  * storage is mounted succeeds (exit 1, which supervisors restart). The claim, when there, is
- * compared by `claimRootForDeployment` as before.
+ * compared by `claimRootForDeployment`, as without the option.
  */
 export async function assertRootClaimed(root: string): Promise<void> {
   const path = join(root, ROOT_DEPLOYMENT_FILE);

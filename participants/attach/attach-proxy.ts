@@ -125,7 +125,7 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
     if (!rollout) throw new CheckpointError("rollout_id_required", "generation calls must use the /ng-rollout/<capture_key>/ prefix");
     const body = await readBody(req, maxBody, finishWaitMs);
     // A compressed body (a client that compresses its requests) is parsed decoded, and forwarded as it
-    // came, its coding named as before: the upstream reads what the caller sent.
+    // came, its coding named unchanged: the upstream reads what the caller sent.
     const codings = requestBodyCodings(req.rawHeaders);
     const plain = codings === undefined ? body : await decodedRequestBody(body, codings, maxBody);
     let parsed: unknown;

@@ -39,7 +39,7 @@ export class AttemptMarks {
 /**
  * Whether a retire of `episodes` covers an attempt: its rollout named at that attempt or a later
  * one. One lookup per question: a retire may name 100,000 episodes, and scanning them for each
- * session a kind holds made a retire quadratic (16,000 sessions took a second of event loop).
+ * session a kind holds would make a retire quadratic (16,000 sessions would take a second of event loop).
  */
 export function retiredBy(episodes: Iterable<EpisodeId>): (episode: EpisodeId) => boolean {
   const marks = new AttemptMarks("is retired");

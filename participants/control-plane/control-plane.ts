@@ -456,7 +456,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
   /**
    * Wakes the waiting prepare once per event-loop turn, however many notifications the turn brought.
    * A drain notifies once per episode that parks, each from its own I/O callback, and a readiness
-   * check (O(episodes) in every kind) per notification made a prepare of 10,000 episodes spend
+   * check (O(episodes) in every kind) per notification would make a prepare of 10,000 episodes spend
    * seconds of event loop checking; under load one turn carries many parks, so they share a check.
    */
   private notify(): void {
@@ -1204,7 +1204,7 @@ export class ParticipantControlPlane<R extends RecordBase = RecordBase> {
       throw new CheckpointError("checkpoint_conflict", `a retried ${op} of ${id} must name the same directory and scope${op === "commit" ? " and stop flag" : ""}`);
     }
     // A restore pinning another manifest than the one installed asks about other records (no pin: a
-    // coordinator without pins, answered as before).
+    // coordinator older than this one, which sends none, gets the cached reply).
     if (pin !== undefined && entry.pin !== pin) {
       throw new CheckpointError("checkpoint_conflict", `a retried ${op} of ${id} pins manifest ${pin}, not ${entry.pin}, which it installed`);
     }

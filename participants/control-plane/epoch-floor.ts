@@ -31,7 +31,7 @@ const neverRan = (error: unknown) => (error as { code?: unknown }).code === JetS
  * highest epoch seen lives in memory, so a restarted process would otherwise admit a deposed
  * leader's delayed restore, retire or forget (see leaseEpochFloor). 0 when no coordinator ever
  * ran (no bucket) or the bucket cannot be read in time (logged): the process then starts
- * unfenced, as before, until a leader's status probe or first op raises the fence. Never throws.
+ * unfenced until a leader's status probe or first op raises the fence. Never throws.
  */
 export async function readEpochFloor(nc: NatsConnection, deployment: string, logger?: Logger, withinMs = EPOCH_FLOOR_READ_MS): Promise<number> {
   try {

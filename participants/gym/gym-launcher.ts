@@ -103,8 +103,8 @@ const READY_MARGIN_MS = 10_000;
 /**
  * The default ready timeout: the servers' wait for a NATS server that does not accept connections
  * yet (GYM_CKPT_NATS_CONNECT_WAIT_MS, as each server reads it; a value it refuses ends it at once),
- * plus READY_MARGIN_MS. A fixed 20 s cut a longer wait short: a Gym started before its NATS failed
- * "did not print its ready line in time" while its servers still waited as told.
+ * plus READY_MARGIN_MS. A fixed 20 s would cut a longer wait short: a Gym started before its NATS would fail
+ * "did not print its ready line in time" while its servers still wait as told.
  */
 export function defaultReadyTimeoutMs(env: NodeJS.ProcessEnv): number {
   const wait = env.GYM_CKPT_NATS_CONNECT_WAIT_MS;

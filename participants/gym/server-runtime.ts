@@ -32,7 +32,7 @@ import { STOP_WITH_LAUNCHER_ENV } from "./gym-launcher.js";
  */
 /**
  * A number on the command line: decimal only, like every gym-ckpt flag (docs/api.md §5). z.coerce
- * took `--port ""` (an unset "$PORT") as 0, "any free port", which is the flag left out, and
+ * would take `--port ""` (an unset "$PORT") as 0, "any free port", which is the flag left out, and
  * `0x1F90` or `1e3` as what Number() makes of them.
  */
 const decimalFlag = (pattern: RegExp, what: string) =>
@@ -221,7 +221,7 @@ export function episodeTimeoutFlag(extra: Record<string, string | undefined>): n
 
 /**
  * Why a server's required URL flags are refused, if they are: missing, or not http(s) (a URL fetch
- * cannot take, such as `127.0.0.1:8080` without its scheme, failed every call at run time), or
+ * cannot take, such as `127.0.0.1:8080` without its scheme, would fail every call at run time), or
  * carrying credentials (`user:password@`): fetch refuses to build a request from such a URL, and
  * its refusal quotes the whole URL, password included, into the reply and the logs of every call.
  * The value is never echoed.

@@ -65,7 +65,7 @@ function deepFreeze<V>(value: V): V {
 
 /**
  * One read-only copy of each of a record's messages, made when first asked for. The seeds of one
- * record share them: a copy per seed made a record of n anchors hold about n² messages (every
+ * record share them: a copy per seed would make a record of n anchors hold about n² messages (every
  * seed repeats the conversation up to its anchor), and frozen, no task can change another's prompt.
  */
 function sharedMessages(trace: TraceRecord): (node: number) => Message {

@@ -370,7 +370,7 @@ export class ReplayTaskSource<T extends TaskShape = TaskShape, Rollout = unknown
 
     // Build everything first and commit at the end: a refusal leaves the task list untouched. What
     // it parsed until then is kept (bounded) for the next reload, which reads only files that
-    // changed since or were not reached: a corrupt file late in a run cost a re-read of every good
+    // changed since or were not reached: a corrupt file late in a run would otherwise cost a re-read of every good
     // file before it at every poll.
     const added: ReplayTask<T>[] = [];
     const stats = newReplayStats();

@@ -98,7 +98,7 @@ export function register(program: Command): void {
     /**
      * Which path ends the process, printing its outcome and setting the exit code: an ending signal
      * ("signal"), or the collection's own end, its summary or error ("main"), whichever starts first.
-     * The other prints nothing and leaves the exit code alone: both used to, racing (docs/collect.md).
+     * The other prints nothing and leaves the exit code alone: both would otherwise, racing (docs/collect.md).
      */
     let exitBy: "signal" | "main" | undefined;
     /**
@@ -193,7 +193,7 @@ export function register(program: Command): void {
         await closeTaskRows(rows);
         throw error;
       });
-      // One arriving while the lock was taken: let go of it (and the tasks file), then as before it.
+      // One arriving while the lock was taken: let go of it (and the tasks file), then as for one that came before it.
       if (sigterm.aborted) {
         await lock.release();
         await closeTaskRows(rows);

@@ -215,7 +215,7 @@ export function calculate(text: string): string {
   return formatExact(exact.e >= 0n ? { n: exact.n * 10n ** exact.e, d: exact.d } : { n: exact.n, d: exact.d * 10n ** -exact.e });
 }
 
-/** An exact n / d printed (results a double cannot hold stay refused, as before). */
+/** An exact n / d printed (a result a double cannot hold is refused here too). */
 function formatExact(exact: { n: bigint; d: bigint }): string {
   if (exact.n === 0n) return "0";
   if (exact.d === 1n) {
