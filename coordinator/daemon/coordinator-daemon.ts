@@ -29,10 +29,24 @@ import { highestEpochInUse } from "./epoch-floor.js";
 /** The longest a winning campaign waits for participants' statuses (see `epochFloor`). */
 const STATUS_PROBE_MS = 2_000;
 
-/** Test-only fault injection: the engine's points, and the daemon's own. */
+/** Test-only fault injection and observation: the engine's points, and the daemon's own. Unset, each costs one optional call. */
 export interface CoordinatorHooks extends EngineHooks {
+  /** Test-only. Called when the lease announces a term ready, before anything else (a stopping coordinator's included). */
+  onLeaseReady?: (epoch: number) => void;
   /**
-   * Awaited once a term recovered, before its NATS controller API starts (so before the lease is
+   * Test-only. Awaited before each `engine.recover()` of a term (attempt 1, 2, …); a throw fails
+   * that attempt as a failed recovery would (logged, retried after a pause).
+   */
+  beforeRecover?: (epoch: number, attempt: number) => void | Promise<void>;
+  /** Test-only. Reports the pause chosen before the retry of failed recovery attempt `attempt`. */
+  onRecoveryRetryPause?: (pauseMs: number, attempt: number) => void;
+  /**
+   * Test-only. Awaited by `stop()` together with the controller APIs' stop (so within
+   * `stop_grace_ms`, before the lease stops), as answers still in flight would hold it.
+   */
+  whileStoppingApis?: () => Promise<void>;
+  /**
+   * Test-only. Awaited once a term recovered, before its NATS controller API starts (so before the lease is
    * marked serving): the HTTP API already serves ops meanwhile. Lets a test hold that gap open.
    */
   beforeNatsApiStart?: (epoch: number) => void | Promise<void>;
@@ -158,6 +172,7 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
       );
     },
     onReady: async (epoch) => {
+      options.hooks?.onLeaseReady?.(epoch);
       // A stop sets `stopped` and closes the controller APIs (waiting for the answers in flight)
       // before it stops the lease: a lease ready meanwhile must not start a recovery (status probes
       // carrying its epoch, re-driven decisions) in a coordinator already stopping.
@@ -165,13 +180,16 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
       // Controller ops wait for recovery: retried (backing off to 5 s) while this term lasts.
       for (let attempt = 1; ; attempt++) {
         try {
+          await options.hooks?.beforeRecover?.(epoch, attempt);
           const recovered = await engine.recover();
           if (recovered.length) logger.info({ recovered }, "recovery_done");
           break;
         } catch (error) {
           logger.error({ err: error, attempt }, "recovery_failed");
           // Jittered (the clock's random source): coordinators failing in one outage do not retry in step.
-          await new Promise((resolve) => setTimeout(resolve, equalJitter(Math.min(5000, 250 * 2 ** attempt), clock.random)).unref());
+          const pauseMs = equalJitter(Math.min(5000, 250 * 2 ** attempt), clock.random);
+          options.hooks?.onRecoveryRetryPause?.(pauseMs, attempt);
+          await new Promise((resolve) => setTimeout(resolve, pauseMs).unref());
           const state = lease.state();
           if (stopped || !state.leader || state.epoch !== epoch) return;
         }
@@ -257,7 +275,7 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
       // Within stop_grace_ms: a prepare held by a blocker would run to its deadline, past the
       // supervisor's SIGKILL. Past it this stops as after a crash: a successor (one lease period
       // later, and fenced by its epoch) completes a decided commit or aborts the rest.
-      const answered = await finishedWithin(Promise.all([natsApi.stop(), http?.stop()]), config.stop_grace_ms, (fn, ms) => clock.setTimer(fn, ms));
+      const answered = await finishedWithin(Promise.all([natsApi.stop(), http?.stop(), options.hooks?.whileStoppingApis?.()]), config.stop_grace_ms, (fn, ms) => clock.setTimer(fn, ms));
       if (!answered) logger.warn({ stop_grace_ms: config.stop_grace_ms }, "coordinator_stop_ops_unanswered");
       await lease.stop(true);
       registry.stop();
