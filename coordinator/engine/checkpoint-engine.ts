@@ -806,14 +806,20 @@ export class CheckpointEngine {
       const longest = "x".repeat(MAX_INCARNATION_CHARS);
       this.assertJournalable({ ...open, incarnations: new Map(members.map((m) => [memberKey(m.kind, m.instance), longest])) }, "resuming");
       assertCleanupRetireFits(open, deadlineMs);
+      // This term's, read before the journal is: that read may outlive it.
+      const epoch = open.epoch;
+      const term = this.leaderTerm;
       // The entry of a published checkpoint nobody resumed holds the key: no record there.
-      // A removal of the id's last restore's entry scheduled here may not have landed yet: its record.
-      if (!unresumed) open.outcomeBefore = (await this.journaledRestoreOutcome(id, `restore of checkpoint ${id}`, "nothing was sent; send the restore again")) ?? this.restoreRecords.get(id);
+      if (!unresumed) {
+        const journaled = await this.journaledRestoreOutcome(id, `restore of checkpoint ${id}`, "nothing was sent; send the restore again");
+        // Lost meanwhile: the read is an earlier term's, and the record map (and the id) the next one's.
+        if (term !== this.leaderTerm) throw new CheckpointError("not_leader", `leadership was lost while the restore of checkpoint ${id} read the decision journal; nothing was sent`);
+        // A removal of the id's last restore's entry scheduled here may not have landed yet: its record.
+        open.outcomeBefore = journaled ?? this.restoreRecords.get(id);
+      }
       // Closed before the restore's write, so its entry's removal yields to that write.
       const wasClosed = this.closed.get(id);
       if (unresumed && this.open === unresumed) this.close(id);
-      const epoch = open.epoch;
-      const term = this.leaderTerm;
       await this.journal(open, "restoring").catch((error: unknown) => {
         // Nothing was sent, so nothing changes here: an unresumed checkpoint is open again. The write
         // may still land, and a successor would re-drive that restore (its clean-up retiring attempt+1,

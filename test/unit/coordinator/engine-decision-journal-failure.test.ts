@@ -334,3 +334,50 @@ describe("a restore every participant refuses after leadership was lost while it
     });
   }
 });
+
+/**
+ * The same HA case one step earlier: leadership is lost while a restore reads the journal's record
+ * of the id's earlier restore (restoreOutcome, before anything is written or sent). The restore
+ * read its leader term only after that read: deposed, its journal write refused not_leader, and its
+ * failed-write path, taking the refusal for this term's, noted the earlier record in the NEXT term's
+ * map and scheduled a removal as that term's. Leading again (the fixture keeps its epoch), it wrote
+ * and sent the restore on a journal read of the term before. A read that outlived its term sends,
+ * writes and notes nothing: not_leader, which the controller retries.
+ */
+describe("a restore whose read of the id's earlier restore record outlives the leader term", () => {
+  for (const regained of [false, true]) {
+    it(`sends, writes and notes nothing (${regained ? "leading again" : "deposed"}); not_leader`, async () => {
+      const { engine, fake, journal, leadership } = makeEngine(root);
+      await engine.checkpoint({ checkpoint_id: "base", episode_ids: null, stop: false, controller_state: null });
+      await engine.restore({ checkpoint_id: "base", episode_ids: R1 });
+      await engine.resume({ checkpoint_id: "base" });
+      await journalEmptied(journal);
+      expect(await journal.restoreOutcome("base")).toBe("restored");
+      const read = journal.restoreOutcome.bind(journal);
+      let reached!: () => void;
+      const readReached = new Promise<void>((resolve) => (reached = resolve));
+      let release!: () => void;
+      const held = new Promise<void>((resolve) => (release = resolve));
+      journal.restoreOutcome = async (id) => {
+        reached();
+        await held;
+        return read(id);
+      };
+      const writes = journal.log.length;
+      const restores = fake.ops("restore").length;
+      const restore = answered(engine.restore({ checkpoint_id: "base", episode_ids: R1 }));
+      await readReached;
+      engine.leadershipLost();
+      if (!regained) leadership.demote();
+      release();
+      expect((await restore).code).toBe("not_leader");
+      journal.restoreOutcome = read;
+      expect(fake.ops("restore")).toHaveLength(restores);
+      expect(journal.log).toHaveLength(writes);
+      expect(engine.openCheckpoint).toBeNull();
+      const records = (engine as unknown as { restoreRecords: Map<string, string> }).restoreRecords;
+      expect([...records.keys()]).toEqual([]);
+      expect(await journal.restoreOutcome("base")).toBe("restored");
+    });
+  }
+});
