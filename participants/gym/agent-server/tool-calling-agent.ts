@@ -32,10 +32,11 @@ export const MAX_SEED_MESSAGES = 60;
 /**
  * Largest replayed context an activation accepts, as JSON bytes. The turns hold the model's
  * reasoning, so a reasoning policy's seed of a few turns passes 1 MiB; the seed is sent whole in
- * the activation's first policy call, so it is bounded as that call is: the attach proxy's default
- * generation body (32 MiB, its `--max-body-mib`).
+ * the activation's first policy call, so it is bounded so that call fits the attach proxy's default
+ * generation body (32 MiB, its `--max-body-mib`) with the call's own fields (system prompt, tools,
+ * model: under 1 KiB, 64 KiB kept for them). Later calls add the turns made since; this does not bound those.
  */
-export const MAX_SEED_BYTES = 32 * 1024 * 1024;
+export const MAX_SEED_BYTES = 32 * 1024 * 1024 - 64 * 1024;
 /** `activate`'s body limit: a seed of MAX_SEED_BYTES and its task (an expression of at most 200 characters). */
 export const MAX_ACTIVATE_BODY_BYTES = MAX_SEED_BYTES + 64 * 1024;
 /** Policy calls an activation makes at most; past them it ends without an answer (scored 0). */

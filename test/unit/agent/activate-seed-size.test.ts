@@ -3,6 +3,7 @@ import { AgentKind } from "../../../participants/kinds/agent/index.js";
 import { AgentSessionState } from "../../../participants/gym/agent-server/agent-session-state.js";
 import { createAgentApp } from "../../../participants/gym/agent-server/agent-server.js";
 import { MAX_SEED_BYTES } from "../../../participants/gym/agent-server/tool-calling-agent.js";
+import { DEFAULT_MAX_BODY_BYTES } from "../../../participants/attach/attach-proxy.js";
 
 /**
  * The size of a seed `activate` takes. The agent keeps the model's reasoning on its turns, so the
@@ -23,6 +24,15 @@ function reasoningSeed(thought: number): Record<string, unknown>[] {
     { role: "assistant", content: null, reasoning_content: "b".repeat(thought), tool_calls: [call("c2")] },
     { role: "tool", tool_call_id: "c2", content: '{"result":"42"}' },
   ];
+}
+
+/** reasoningSeed padded to exactly `bytes` as JSON (the size the environment checks). */
+function seedOfBytes(bytes: number): Record<string, unknown>[] {
+  const base = Buffer.byteLength(JSON.stringify(reasoningSeed(0)));
+  const seed = reasoningSeed(Math.floor((bytes - base) / 2));
+  seed[0]!.content = `Compute: 6*7${" ".repeat((bytes - base) % 2)}`;
+  expect(Buffer.byteLength(JSON.stringify(seed))).toBe(bytes);
+  return seed;
 }
 
 async function agentApp() {
@@ -48,6 +58,23 @@ describe("agent activate: a seed carrying the model's reasoning", () => {
       expect({ status: res.statusCode, code: res.json().error?.code }).toEqual({ status: 200, code: undefined });
       expect(res.json().answer).toBe("42");
       expect(sent[0]!.messages.slice(1)).toEqual(seed);
+    } finally {
+      await app.close();
+    }
+  });
+
+  it("sends the largest seed it takes in a first policy call the attach proxy reads (its default body limit)", async () => {
+    let firstCallBytes: number | undefined;
+    vi.stubGlobal("fetch", async (_url: string, init: { body: string }) => {
+      firstCallBytes ??= Buffer.byteLength(init.body);
+      return new Response(JSON.stringify({ choices: [{ message: { role: "assistant", content: "42" } }] }), { status: 200 });
+    });
+    const app = await agentApp();
+    try {
+      expect((await app.inject({ method: "POST", url: "/ng-rollout/r1/open_session", payload: {} })).statusCode).toBe(200);
+      const res = await app.inject({ method: "POST", url: "/ng-rollout/r1/activate", payload: { task, seed: seedOfBytes(MAX_SEED_BYTES) } });
+      expect(res.statusCode).toBe(200);
+      expect(firstCallBytes).toBeLessThanOrEqual(DEFAULT_MAX_BODY_BYTES);
     } finally {
       await app.close();
     }
