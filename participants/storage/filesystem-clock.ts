@@ -33,16 +33,11 @@ export const filesystemClock: DirectoryClock = async (dir) => {
   }
 };
 
-/** `clock` read at most once (and only if asked): one probe file per sweep, however many rules it applies. */
-export function readOnce(clock: DirectoryClock): DirectoryClock {
-  let now: Promise<number | undefined> | undefined;
-  return (dir) => (now ??= clock(dir));
-}
-
 /**
- * `clock` read once (and only if asked), then advanced by this process's monotonic clock: a wait
- * that judges a file's age at every look (striped locks, every few milliseconds) makes one probe, not
- * one per look, and the age it sees still grows. A failed reading is not kept: the next look tries again.
+ * `clock` read once (and only if asked), then advanced by this process's monotonic clock: a sweep
+ * applying several rules, or a wait that judges a file's age at every look (striped locks, every few
+ * milliseconds), makes one probe, not one per rule or look, and the age it sees still grows. A failed
+ * reading is not kept: the next look tries again. Every reading is of the first `dir` asked about.
  */
 export function readOnceAdvancing(clock: DirectoryClock): DirectoryClock {
   let reading: Promise<{ now: number; at: number } | undefined> | undefined;

@@ -1,5 +1,5 @@
 import { readdir } from "node:fs/promises";
-import { filesystemClock, readOnce, type DirectoryClock } from "./filesystem-clock.js";
+import { filesystemClock, readOnceAdvancing, type DirectoryClock } from "./filesystem-clock.js";
 import { STALE_PROBE_AGE_MS, isProbeFileName, removeStaleFiles } from "./stale-probe-files.js";
 
 /**
@@ -23,7 +23,7 @@ export const STALE_TEMP_AGE_MS = 10 * 60_000;
  */
 export async function removeStaleTempFiles(dir: string, isOurs: (name: string) => boolean, clock: DirectoryClock = filesystemClock): Promise<void> {
   const names = await readdir(dir).catch(() => [] as string[]);
-  const once = readOnce(clock);
+  const once = readOnceAdvancing(clock);
   await removeStaleFiles(dir, names, isOurs, STALE_TEMP_AGE_MS, once);
   await removeStaleFiles(dir, names, isProbeFileName, STALE_PROBE_AGE_MS, once);
 }

@@ -335,11 +335,12 @@ export function assembleStream(text: string): ChatMessage {
   const toolCalls = [...tools.entries()]
     .sort(([a], [b]) => a - b)
     .map(([, t]) => ({ id: t.id, type: "function" as const, function: { name: t.name, arguments: t.arguments } }));
-  const thought = reasoning.reasoning_content || reasoning.reasoning;
+  // Which name wins is chatReasoning's rule, as for a reply that is not streamed.
+  const thought = chatReasoning(reasoning);
   return {
     role: "assistant",
     content: content.length ? content : null,
-    ...(thought.length > 0 && { reasoning_content: thought }),
+    ...(typeof thought === "string" && thought.length > 0 && { reasoning_content: thought }),
     ...(toolCalls.length && { tool_calls: toolCalls }),
   };
 }
