@@ -372,7 +372,7 @@ export class MembershipAnnouncer {
    * left, and none is sent after it. A beat in flight when stop() came may land first (the delete
    * is refused, the entry read again, the delete sent again): bounding each request alone let those
    * retries run on past stop(). False when time ran out; a request that failed otherwise is no
-   * reason to wait either, and counts as in time.
+   * reason to wait either, and counts as in time if it failed before `until`.
    */
   private async deleteOwnEntry(until: number): Promise<boolean> {
     // A JetStream context per request, what is left as its timeout: kv.delete() takes none of its
