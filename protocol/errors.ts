@@ -121,7 +121,7 @@ export const ERROR_CATALOG = {
   },
   not_leader: {
     status: 503,
-    meaning: "This coordinator does not hold the leader lease (or is still waiting out its first lease period, or recovering its predecessor's checkpoints, or stopping), or a client reached no coordinator at all (NATS or the HTTP API refused the connection). Nothing was sent or journaled; an op that loses leadership after it began answers `outcome_unknown` instead.",
+    meaning: "This coordinator does not hold the leader lease (or is still waiting out its first lease period, or recovering its predecessor's checkpoints, or stopping), or a client reached no coordinator at all (NATS or the HTTP API refused the connection). Nothing was sent or journaled (also when leadership was lost while an op ran but before it sent or journaled anything); an op that loses leadership after it sent or journaled something answers `outcome_unknown` instead.",
     solve: "Send controller calls to the active coordinator (check that NATS and a coordinator run), or retry shortly.",
   },
   prepare_incomplete: {
