@@ -7,6 +7,7 @@ import { UNTIMED_DISPATCHER } from "../../protocol/untimed-dispatcher.js";
 import { httpRoute } from "../api/openapi.js";
 import { MAX_STOP_GRACE_MS } from "../config/coordinator-config.js";
 import { ControllerClient } from "./controller-client.js";
+import { networkFailureCode } from "./network-failure.js";
 import { neverSentCode } from "./never-sent.js";
 import { LEASE_READ_REUSE_MS } from "./leader-watch.js";
 import { pollUntil } from "./poll-until.js";
@@ -71,15 +72,13 @@ const STOPPING_WAIT_MS = MAX_STOP_GRACE_MS + 60_000;
 const UNREACHABLE_VIA_GATEWAY = new Set([502, 503]);
 
 /**
- * A `/readyz` cut by the coordinator closing its connections as its stop begins (one written on a
- * kept-alive connection as the stop closes it: undici's "other side closed"), or reset as its
- * listener closes: the same stop as a refused connection. A frozen or partitioned coordinator
- * resets nothing; its checks time out.
+ * The network failures of a `/readyz` that read as a stop (networkFailureCode): its connection
+ * refused (the listener closed), or cut by the coordinator closing its connections as its stop
+ * begins (one written on a kept-alive connection as the stop closes it: undici's "other side
+ * closed"), or reset as its listener closes. A frozen or partitioned coordinator resets nothing;
+ * its checks time out.
  */
-function closedAsStopping(error: unknown): boolean {
-  const code = ((error as { cause?: { code?: unknown } } | null)?.cause)?.code;
-  return code === "ECONNRESET" || code === "UND_ERR_SOCKET";
-}
+const STOPPING_CODES = new Set(["ECONNREFUSED", "ECONNRESET", "UND_ERR_SOCKET"]);
 
 /**
  * The base URL must be http(s) without credentials (fetch refuses them): `127.0.0.1:8480` or
@@ -252,7 +251,7 @@ export class HttpControllerClient extends ControllerClient {
           await response.body?.cancel().catch(() => undefined);
           return undefined;
         })
-        .catch((error: unknown) => (neverSentCode(error) === "ECONNREFUSED" || closedAsStopping(error) ? ("unreachable" as const) : undefined))
+        .catch((error: unknown) => (STOPPING_CODES.has(networkFailureCode(error) ?? "") ? ("unreachable" as const) : undefined))
         .finally(() => checkTimeout.clear());
       const leader = readyLeaderOf(answer);
       if (leader) this.lastReady = { leader, askedAt };

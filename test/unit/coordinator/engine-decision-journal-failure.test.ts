@@ -302,6 +302,23 @@ describe("a checkpoint aborted because its open entry could not be journaled, re
   }
 });
 
+/** An engine whose checkpoint `base` was restored and resumed, the journal recording that restore (`restored`). */
+async function engineWithBaseRestored(): Promise<ReturnType<typeof makeEngine>> {
+  const world = makeEngine(root);
+  const { engine, journal } = world;
+  await engine.checkpoint({ checkpoint_id: "base", episode_ids: null, stop: false, controller_state: null });
+  await engine.restore({ checkpoint_id: "base", episode_ids: R1 });
+  await engine.resume({ checkpoint_id: "base" });
+  await journalEmptied(journal);
+  expect(await journal.restoreOutcome("base")).toBe("restored");
+  return world;
+}
+
+/** The ids in the engine's map of records its scheduled removals write (private: restoreRecords). */
+function removalRecordIds(engine: ReturnType<typeof makeEngine>["engine"]): string[] {
+  return [...(engine as unknown as { restoreRecords: Map<string, string> }).restoreRecords.keys()];
+}
+
 /**
  * The reviewers' HA case: leadership is lost while a restore's sends are in flight, and then every
  * participant refuses it. refuseRestore read the leader term only then, after leadershipLost
@@ -313,12 +330,7 @@ describe("a checkpoint aborted because its open entry could not be journaled, re
 describe("a restore every participant refuses after leadership was lost while its sends were in flight", () => {
   for (const regained of [false, true]) {
     it(`notes no record in the next term and leaves its entry to that term (${regained ? "leading again" : "deposed"}); outcome_unknown`, async () => {
-      const { engine, fake, journal, leadership } = makeEngine(root);
-      await engine.checkpoint({ checkpoint_id: "base", episode_ids: null, stop: false, controller_state: null });
-      await engine.restore({ checkpoint_id: "base", episode_ids: R1 });
-      await engine.resume({ checkpoint_id: "base" });
-      await journalEmptied(journal);
-      expect(await journal.restoreOutcome("base")).toBe("restored");
+      const { engine, fake, journal, leadership } = await engineWithBaseRestored();
       for (const m of FOUR_KINDS) fake.set(m.kind, m.instance, "restore", { error: "invalid_request" });
       const held = fake.hold("model", "m1", "restore");
       const restore = answered(engine.restore({ checkpoint_id: "base", episode_ids: R1 }));
@@ -329,8 +341,7 @@ describe("a restore every participant refuses after leadership was lost while it
       expect((await restore).code).toBe("outcome_unknown");
       // The `restoring` entry is the next term's: its recovery sends the restore again and settles it.
       expect(journal.entries.get("base")).toMatchObject({ state: "restoring" });
-      const records = (engine as unknown as { restoreRecords: Map<string, string> }).restoreRecords;
-      expect([...records.keys()]).toEqual([]);
+      expect(removalRecordIds(engine)).toEqual([]);
     });
   }
 });
@@ -347,12 +358,7 @@ describe("a restore every participant refuses after leadership was lost while it
 describe("a restore whose read of the id's earlier restore record outlives the leader term", () => {
   for (const regained of [false, true]) {
     it(`sends, writes and notes nothing (${regained ? "leading again" : "deposed"}); not_leader`, async () => {
-      const { engine, fake, journal, leadership } = makeEngine(root);
-      await engine.checkpoint({ checkpoint_id: "base", episode_ids: null, stop: false, controller_state: null });
-      await engine.restore({ checkpoint_id: "base", episode_ids: R1 });
-      await engine.resume({ checkpoint_id: "base" });
-      await journalEmptied(journal);
-      expect(await journal.restoreOutcome("base")).toBe("restored");
+      const { engine, fake, journal, leadership } = await engineWithBaseRestored();
       const read = journal.restoreOutcome.bind(journal);
       let reached!: () => void;
       const readReached = new Promise<void>((resolve) => (reached = resolve));
@@ -375,8 +381,7 @@ describe("a restore whose read of the id's earlier restore record outlives the l
       expect(fake.ops("restore")).toHaveLength(restores);
       expect(journal.log).toHaveLength(writes);
       expect(engine.openCheckpoint).toBeNull();
-      const records = (engine as unknown as { restoreRecords: Map<string, string> }).restoreRecords;
-      expect([...records.keys()]).toEqual([]);
+      expect(removalRecordIds(engine)).toEqual([]);
       expect(await journal.restoreOutcome("base")).toBe("restored");
     });
   }
