@@ -90,21 +90,27 @@ describe("a publish retried after a failed one whose checkpoint.json could not b
   });
 });
 
+/** ok1 and ok2 published, then c3 aborted with its checkpoint.json left: the storage refuses every way of taking it back. */
+async function abortedC3(options: { retention: number }) {
+  const made = makeEngine(root, options);
+  await made.engine.checkpoint({ checkpoint_id: "ok1", episode_ids: null, stop: false, controller_state: null });
+  await made.engine.checkpoint({ checkpoint_id: "ok2", episode_ids: null, stop: false, controller_state: null });
+  faults.dir = join(root, "c3");
+  faults.on = true;
+  const refusal = await made.engine.checkpoint({ checkpoint_id: "c3", episode_ids: null, stop: false, controller_state: null }).then(
+    () => undefined,
+    (error: unknown) => toCheckpointError(error),
+  );
+  expect(refusal?.code).toBe("storage_error");
+  await made.writer.settled();
+  // Every way of taking it back failed: the file is still there.
+  expect(existsSync(join(root, "c3", "checkpoint.json"))).toBe(true);
+  return made;
+}
+
 describe("an aborted checkpoint whose checkpoint.json could not be taken back, then a failover", () => {
   it("is taken back by the successor's recovery: not listed, not restorable, not counted by retention", async () => {
-    const first = makeEngine(root, { retention: 2 });
-    await first.engine.checkpoint({ checkpoint_id: "ok1", episode_ids: null, stop: false, controller_state: null });
-    await first.engine.checkpoint({ checkpoint_id: "ok2", episode_ids: null, stop: false, controller_state: null });
-    faults.dir = join(root, "c3");
-    faults.on = true;
-    const refusal = await first.engine.checkpoint({ checkpoint_id: "c3", episode_ids: null, stop: false, controller_state: null }).then(
-      () => undefined,
-      (error: unknown) => toCheckpointError(error),
-    );
-    expect(refusal?.code).toBe("storage_error");
-    await first.writer.settled();
-    // Every way of taking it back failed: the file is still there.
-    expect(existsSync(join(root, "c3", "checkpoint.json"))).toBe(true);
+    const first = await abortedC3({ retention: 2 });
     faults.on = false;
     // The failover: the writer's memory of c3 goes with the leadership.
     first.engine.leadershipLost();
@@ -204,22 +210,6 @@ describe("an aborted checkpoint whose checkpoint.json could not be taken back, t
 });
 
 describe("an aborted checkpoint whose checkpoint.json is still there is never listed or served as published", () => {
-  /** ok1 and ok2 published, then c3 aborted with its checkpoint.json left: the storage refuses every way of taking it back. */
-  async function abortedC3(options: { retention: number }) {
-    const made = makeEngine(root, options);
-    await made.engine.checkpoint({ checkpoint_id: "ok1", episode_ids: null, stop: false, controller_state: null });
-    await made.engine.checkpoint({ checkpoint_id: "ok2", episode_ids: null, stop: false, controller_state: null });
-    faults.dir = join(root, "c3");
-    faults.on = true;
-    const refusal = await made.engine.checkpoint({ checkpoint_id: "c3", episode_ids: null, stop: false, controller_state: null }).then(
-      () => undefined,
-      (error: unknown) => toCheckpointError(error),
-    );
-    expect(refusal?.code).toBe("storage_error");
-    await made.writer.settled();
-    expect(existsSync(join(root, "c3", "checkpoint.json"))).toBe(true);
-    return made;
-  }
   const refusalOf = (op: Promise<unknown>) =>
     op.then(
       () => undefined,
