@@ -374,8 +374,10 @@ describe("a collection failing while the sync before a records step hangs", () =
     } finally {
       endHang();
     }
-    // The mount answers again: no records step is published after run() rejected.
-    await new Promise((resolve) => setTimeout(resolve, 300));
+    // The mount answers again: no records step is published after run() rejected (the sink's
+    // flush under way, its private tail, has ended once this settles).
+    const sink = (collector as unknown as { records: { tail: Promise<void> } }).records;
+    await sink.tail.catch(() => undefined);
     // (rollouts/ itself is made at the start.)
     const steps = await readdir(join(records, "rollouts")).catch(() => [] as string[]);
     expect(steps.filter((f) => !f.startsWith("."))).toEqual([]);
