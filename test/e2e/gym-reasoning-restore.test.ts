@@ -10,7 +10,7 @@ import { ep } from "../support/episode.js";
  * does (its thought under `reasoning`). The agent keeps it on its assistant turns as reasoning_content:
  * in the parked conversation a checkpoint holds (and the seed exported from it), in the call a restored
  * episode continues (whose conversation digest still matches the cut one, so it continues the cut
- * generation), and in the /run trajectory. It was dropped everywhere.
+ * generation), and in the /run trajectory.
  */
 let world: GymWorld;
 
@@ -23,20 +23,6 @@ afterAll(async () => {
 
 const TOOL_THOUGHT = 'Call calculator with {"expression":"17 + 25"}.';
 type FullCall = BackendCall & { model_call_id: string };
-
-async function runWithTrajectory(rolloutId: string, attempt: number): Promise<any> {
-  for (let i = 0; i < 400; i++) {
-    const response = await fetch(`${world.gym.urls.environment!.replace(/\/+$/, "")}/run`, {
-      method: "POST",
-      headers: { "content-type": "application/json", [TRAJECTORY_HEADER]: "1" },
-      body: JSON.stringify({ rollout_id: rolloutId, attempt, task: TASK }),
-    });
-    const body = (await response.json()) as any;
-    if (body?.error?.code !== "admission_closed") return body;
-    await new Promise((resolve) => setTimeout(resolve, 25));
-  }
-  throw new Error(`${rolloutId} was never admitted`);
-}
 
 describe("reference Gym with a reasoning policy", () => {
   it("keeps the model's reasoning in the checkpoint, its seed, the continued call and the trajectory", async () => {
@@ -58,7 +44,7 @@ describe("reference Gym with a reasoning policy", () => {
     await world.backend.release();
     expect((await lost).status).not.toBe(200);
     await world.restoreAndResume("cp-think-1", [ep("think-1")]);
-    const replacement = await runWithTrajectory("think-1", 1);
+    const { body: replacement } = await world.runAdmitted("think-1", 1, TASK, "environment", { [TRAJECTORY_HEADER]: "1" });
     expect(replacement).toMatchObject({ attempt: 1, reward: 1, answer: "42", continued_from: "invoke_agent" });
     // The restored call sent the parked conversation, reasoning included: the model proxy matched its
     // digest to the cut generation's and continued it.

@@ -55,9 +55,9 @@ export interface GymWorld {
   gym: Gym;
   coordinator: CoordinatorHandle;
   client: NatsControllerClient;
-  run(rolloutId: string, attempt?: number, task?: object, via?: "environment" | "agent"): Promise<RunResult>;
+  run(rolloutId: string, attempt?: number, task?: object, via?: "environment" | "agent", headers?: Record<string, string>): Promise<RunResult>;
   /** Retries `/run` refused with `admission_closed` (bounded). */
-  runAdmitted(rolloutId: string, attempt?: number, task?: object, via?: "environment" | "agent"): Promise<RunResult>;
+  runAdmitted(rolloutId: string, attempt?: number, task?: object, via?: "environment" | "agent", headers?: Record<string, string>): Promise<RunResult>;
   backend: {
     calls(): Promise<BackendCall[]>;
     hold(after: number): Promise<void>;
@@ -208,10 +208,10 @@ export async function startGymWorld(
         await new Promise((resolve) => setTimeout(resolve, 25));
       }
     };
-    const run: GymWorld["run"] = async (rolloutId, attempt = 0, task = TASK, via = "environment") => {
+    const run: GymWorld["run"] = async (rolloutId, attempt = 0, task = TASK, via = "environment", headers = {}) => {
       const response = await fetch(`${url(via)}/run`, {
         method: "POST",
-        headers: { "content-type": "application/json" },
+        headers: { "content-type": "application/json", ...headers },
         body: JSON.stringify({ rollout_id: rolloutId, attempt, task }),
       });
       return { status: response.status, body: await response.json() };
@@ -225,9 +225,9 @@ export async function startGymWorld(
       coordinator: c,
       client,
       run,
-      async runAdmitted(rolloutId, attempt = 0, task = TASK, via = "environment") {
+      async runAdmitted(rolloutId, attempt = 0, task = TASK, via = "environment", headers = {}) {
         for (let i = 0; i < 400; i++) {
-          const result = await run(rolloutId, attempt, task, via);
+          const result = await run(rolloutId, attempt, task, via, headers);
           if (result.body?.error?.code !== "admission_closed") return result;
           await new Promise((resolve) => setTimeout(resolve, 25));
         }
