@@ -11,7 +11,7 @@ import { canonicalRoute, climbsAboveRoot } from "./canonical-route.js";
 import { CodingWarnings } from "./coding-warnings.js";
 import type { ModelKind } from "../kinds/model/model-kind.js";
 import { ForwardedCall } from "./forwarded-call.js";
-import { requestBodyCodings, upstreamHeaders } from "./hop-headers.js";
+import { framingHeaders, namedRepresentationHeader, requestBodyCodings, upstreamHeaders, type RequestFraming } from "./hop-headers.js";
 import { PassthroughCall } from "./passthrough-call.js";
 import { proxiedLocation } from "./redirect-location.js";
 import { decodedRequestBody } from "./request-body-coding.js";
@@ -116,17 +116,24 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
     if (isLedgerSpelling(route)) throw new CheckpointError("not_found", `no ledger API route ${req.method} ${path.slice(0, 200)}: it is /ng-capture/v1/… exactly`);
     // Forwarded after the upstream's base path, a route climbing above its root would leave it once resolved.
     if (climbsAboveRoot(route)) throw new CheckpointError("invalid_request", `the path climbs above its root with ".." segments: ${path.slice(0, 200)}`);
-    if (req.method !== "POST") return passthrough(req, res, route + query, relocate);
+    const framing = framingHeaders(req.rawHeaders);
+    // Forwarded without it, the body would be read otherwise upstream than here (a proxy must drop what
+    // Connection names): refused, so the upstream never reads bytes the proxy did not track as such.
+    const representation = namedRepresentationHeader(framing);
+    if (representation !== undefined) {
+      throw new CheckpointError("invalid_request", `the Connection header names ${representation}, which says how the body is read: a proxy drops the headers Connection names (RFC 9110 §7.6.1), so the body would reach the upstream without it; leave it out of Connection`);
+    }
+    if (req.method !== "POST") return passthrough(req, res, framing, route + query, relocate);
     // Classified by what the upstream may read (decoded, dot segments resolved, ...), so no spelling of
     // a generation route goes through untracked (a doubled slash from a base URL ending in `/` is
     // common); it is forwarded as sent and recorded under its canonical form.
     const canonical = canonicalRoute(route);
-    if (!isGenerationRoute(canonical)) return passthrough(req, res, route + query, relocate);
+    if (!isGenerationRoute(canonical)) return passthrough(req, res, framing, route + query, relocate);
     if (!rollout) throw new CheckpointError("rollout_id_required", "generation calls must use the /ng-rollout/<capture_key>/ prefix");
     const body = await readBody(req, maxBody, finishWaitMs);
     // A compressed body (a client that compresses its requests) is parsed decoded, and forwarded as it
     // came, its coding named unchanged: the upstream reads what the caller sent.
-    const codings = requestBodyCodings(req.rawHeaders);
+    const codings = requestBodyCodings(framing);
     const plain = codings === undefined ? body : await decodedRequestBody(body, codings, maxBody);
     let parsed: unknown;
     try {
@@ -139,11 +146,11 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
     // refuses such nesting: refused here, before it is forwarded, rather than failing a checkpoint later.
     if (jsonNestsDeeperThan(parsed)) throw new CheckpointError("invalid_request", `the request body nests more than ${MAX_JSON_DEPTH} levels deep`);
     const ticket = await kind.admit(rollout.captureKey, canonical, parsed as Record<string, unknown>, rollout.episode);
-    return forward(req, res, route + query, body, ticket, relocate);
+    return forward(req, res, framing, route + query, body, ticket, relocate);
   }
 
-  function passthrough(req: IncomingMessage, res: ServerResponse, route: string, relocate: (location: string) => string): void {
-    const headers = upstreamHeaders(req.rawHeaders, upstream.url.host);
+  function passthrough(req: IncomingMessage, res: ServerResponse, framing: RequestFraming, route: string, relocate: (location: string) => string): void {
+    const headers = upstreamHeaders(req.rawHeaders, framing, upstream.url.host);
     const length = req.headers["content-length"];
     if (length !== undefined) headers.push("content-length", length);
     // A body of unknown length goes on chunked (or with its length, if it had all arrived already).
@@ -151,7 +158,7 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
     pool.dispatch({ path: basePath + route, method: req.method ?? "GET", headers, body }, new PassthroughCall(res, finishWaitMs, relocate, warnings));
   }
 
-  function forward(req: IncomingMessage, res: ServerResponse, route: string, body: Buffer, ticket: AdmissionTicket, relocate: (location: string) => string): void {
+  function forward(req: IncomingMessage, res: ServerResponse, framing: RequestFraming, route: string, body: Buffer, ticket: AdmissionTicket, relocate: (location: string) => string): void {
     // The caller left while its call waited to be admitted (its ledger read, a checkpoint): nobody
     // reads the answer, so nothing is generated for it and no row is written.
     if (res.destroyed) return kind.fail(ticket);
@@ -163,7 +170,7 @@ export function createAttachProxy(options: AttachProxyOptions): Server {
       throw new CheckpointError("stale_attempt", `${ticket.captureKey} was retired`);
     }
     // Uncompressed: the usage is read from the answer's last bytes (the proxy sits next to the caller).
-    const headers = upstreamHeaders(req.rawHeaders, upstream.url.host, { identity: true });
+    const headers = upstreamHeaders(req.rawHeaders, framing, upstream.url.host, { identity: true });
     headers.push("x-ng-capture-key", ticket.captureKey, "x-ng-model-call-id", ticket.modelCallId);
     if (ticket.parentCallId) headers.push("x-ng-parent-call-id", ticket.parentCallId);
     if (ticket.claimedCut) {

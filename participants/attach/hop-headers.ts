@@ -5,7 +5,8 @@ import type { IncomingHttpHeaders, OutgoingHttpHeaders } from "node:http";
  * `content-length` are set for the upstream hop itself; `expect` is answered by our own server.
  * `proxy-authorization` / `proxy-authenticate` are the credentials and challenge of the hop to a proxy
  * (this one), never the upstream's business nor the caller's. Any header a `Connection` header names is
- * one too (RFC 9110 §7.6.1), dropped with it.
+ * one too (RFC 9110 §7.6.1), dropped with it; a request naming one that says how its body is read is
+ * refused before this (`namedRepresentationHeader`).
  */
 const HOP_BY_HOP = new Set([
   "connection",
@@ -101,15 +102,19 @@ export function bodyCodings(headers: IncomingHttpHeaders): string | undefined {
   return codingsOf(values(headers["content-encoding"]), values(headers["transfer-encoding"]));
 }
 
-/** `bodyCodings` of a request, read from its `rawHeaders` (the parsed `req.headers` is never built on the hot path). */
-export function requestBodyCodings(rawHeaders: string[]): string | undefined {
-  const { content, transfer } = framingHeaders(rawHeaders);
-  return content.length === 0 && transfer.length === 0 ? undefined : codingsOf(content, transfer);
+/** The values of a request's `Connection`, `Transfer-Encoding` and `Content-Encoding` headers. */
+export interface RequestFraming {
+  connection: string[];
+  transfer: string[];
+  content: string[];
 }
 
-/** The values of a request's `Connection`, `Transfer-Encoding` and `Content-Encoding` headers, read from `rawHeaders`. */
-function framingHeaders(rawHeaders: string[]): { connection: string[]; transfer: string[]; content: string[] } {
-  const found = { connection: [] as string[], transfer: [] as string[], content: [] as string[] };
+/**
+ * A request's `RequestFraming`, read from its `rawHeaders` (the parsed `req.headers` is never built on
+ * the hot path): read once per call, then handed to each function below that needs it.
+ */
+export function framingHeaders(rawHeaders: string[]): RequestFraming {
+  const found: RequestFraming = { connection: [], transfer: [], content: [] };
   for (let i = 0; i < rawHeaders.length; i += 2) {
     const name = rawHeaders[i]!.toLowerCase();
     if (name === "connection") found.connection.push(rawHeaders[i + 1]!);
@@ -117,6 +122,28 @@ function framingHeaders(rawHeaders: string[]): { connection: string[]; transfer:
     else if (name === "content-encoding") found.content.push(rawHeaders[i + 1]!);
   }
   return found;
+}
+
+/** `bodyCodings` of a request, from its framing headers. */
+export function requestBodyCodings({ content, transfer }: RequestFraming): string | undefined {
+  return content.length === 0 && transfer.length === 0 ? undefined : codingsOf(content, transfer);
+}
+
+/**
+ * The headers that say how a request's body is read. Named by its `Connection` header they would be
+ * dropped as options of that connection (RFC 9110 §7.6.1) while the body goes on as it came, so the
+ * upstream would read other bytes than the proxy decoded and tracked (gzip taken for JSON).
+ */
+const REPRESENTATION_HEADERS: Record<string, string> = { "content-encoding": "Content-Encoding", "content-type": "Content-Type" };
+
+/**
+ * The first header describing the body (`REPRESENTATION_HEADERS`) that the request's `Connection`
+ * names (in any spelling the proxy drops it by), as it is usually spelled; undefined when none is.
+ */
+export function namedRepresentationHeader({ connection }: RequestFraming): string | undefined {
+  if (connection.length === 0) return undefined;
+  for (const name of connectionOptions(connection, dashed)) if (Object.hasOwn(REPRESENTATION_HEADERS, name)) return REPRESENTATION_HEADERS[name];
+  return undefined;
 }
 
 function codingsOf(content: readonly string[], transfer: readonly string[]): string | undefined {
@@ -131,7 +158,8 @@ function values(value: string | string[] | undefined): string[] {
 
 /**
  * The caller's headers for the upstream request, as a flat name/value list (undici's raw form):
- * read from `rawHeaders`, so the parsed `req.headers` object is never built on the hot path.
+ * read from `rawHeaders` and their `framing` (`framingHeaders`), so the parsed `req.headers` object is
+ * never built on the hot path.
  * Caller-sent `x-ng-*` headers are dropped (the proxy sets its own), and every header is judged by its
  * dashed spelling (`dashed`): `transfer_encoding`, `content_length`, `x_ng_capture_key` go the way of
  * the dashed ones, and `content_encoding` is dropped. With `identity`, the answer is
@@ -139,8 +167,7 @@ function values(value: string | string[] | undefined): string[] {
  * tracked call's usage from its last bytes. A body's transfer codings other than `chunked` are named
  * in its `Content-Encoding` (undici frames the upstream hop itself and takes no `Transfer-Encoding`).
  */
-export function upstreamHeaders(rawHeaders: string[], host: string, options: { identity?: boolean } = {}): string[] {
-  const { connection, transfer, content } = framingHeaders(rawHeaders);
+export function upstreamHeaders(rawHeaders: string[], { connection, transfer, content }: RequestFraming, host: string, options: { identity?: boolean } = {}): string[] {
   const named = connectionOptions(connection, dashed);
   // (Node's server refuses a request whose framing is not its last coding: `unframed` is for answers.)
   const { unframed, coded } = nextHopCoding(transfer, content);

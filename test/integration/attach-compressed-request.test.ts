@@ -43,13 +43,13 @@ beforeEach(async () => {
 afterEach(() => closeAttachFixture({ proxy, upstream, kind, dir }));
 
 /** POSTs `body` to `path` on the proxy with `headers`; the answer read whole. */
-function post(path: string, headers: Record<string, string>, body: Buffer | string): Promise<{ status: number; body: string }> {
+function post(path: string, headers: Record<string, string>, body: Buffer | string): Promise<{ status: number; body: string; headers: IncomingHttpHeaders }> {
   return new Promise((resolve, reject) => {
     const req = request(`${proxyUrl.origin}${path}`, { method: "POST", headers: { "content-type": "application/json", ...headers } }, (res) => {
       let text = "";
       res.setEncoding("utf8");
       res.on("data", (chunk: string) => (text += chunk));
-      res.on("end", () => resolve({ status: res.statusCode ?? 0, body: text }));
+      res.on("end", () => resolve({ status: res.statusCode ?? 0, body: text, headers: res.headers }));
       res.on("error", reject);
     });
     req.on("error", reject);
@@ -70,8 +70,8 @@ it("tracks a generation call whose body is gzip, deflate (zlib or raw) or br cod
     ["id", "identity", Buffer.from(CHAT)],
   ];
   for (const [key, coding, body] of coded) {
-    const answer = await post(chat(key), { "content-encoding": coding }, body);
-    expect({ key, ...answer }).toEqual({ key, status: 200, body: COMPLETION });
+    const { status, body: text } = await post(chat(key), { "content-encoding": coding }, body);
+    expect({ key, status, text }).toEqual({ key, status: 200, text: COMPLETION });
     expect((await kind.ledger.rows(key)).map((row) => row.route)).toEqual(["/v1/chat/completions"]);
     const sent = calls.at(-1)!;
     expect(sent.headers["content-encoding"]).toBe(coding);
@@ -142,4 +142,28 @@ it("drops a caller's underscore spellings of the headers the proxy handles itsel
   expect(passed).toEqual(["accept_encoding", "x_kept"]);
   expect(calls[0]!.headers["accept-encoding"]).toBe("identity");
   expect(calls[1]!.body.toString()).toBe("abc");
+});
+
+// A proxy drops every header a Connection header names (RFC 9110 §7.6.1). Dropping Content-Encoding (or
+// Content-Type) would send the body on without what says how to read it: the upstream would read the
+// gzip bytes the proxy decoded and tracked as plain JSON. Such a request is refused instead.
+it("refuses a request whose Connection names Content-Encoding or Content-Type 400 invalid_request naming the header, sending nothing upstream", async () => {
+  const gzipped = gzipSync(CHAT);
+  const named: [string, string, Record<string, string>][] = [
+    ["ce", chat("ce"), { connection: "keep-alive, Content-Encoding", "content-encoding": "gzip" }],
+    ["us", chat("us"), { connection: "content_encoding", "content-encoding": "gzip" }],
+    ["ct", chat("ct"), { connection: "content-type", "content-encoding": "gzip" }],
+    ["pass", "/v1/files", { connection: "content-encoding", "content-encoding": "gzip" }],
+  ];
+  for (const [key, path, headers] of named) {
+    const answer = await post(path, headers, gzipped);
+    expect({ key, status: answer.status }).toEqual({ key, status: 400 });
+    expect(JSON.parse(answer.body).error).toEqual({ code: "invalid_request", detail: expect.stringMatching(/Connection header names Content-(Encoding|Type)/) });
+    expect(await kind.ledger.rows(key)).toEqual([]);
+  }
+  expect(calls).toEqual([]);
+  // Another header named there is still dropped as an option of the connection, the call tracked.
+  expect((await post(chat("other"), { connection: "x-hop", "x-hop": "1", "content-encoding": "gzip" }, gzipped)).status).toBe(200);
+  expect(calls[0]!.headers["x-hop"]).toBeUndefined();
+  expect(calls[0]!.headers["content-encoding"]).toBe("gzip");
 });

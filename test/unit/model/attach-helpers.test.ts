@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { bodyCodings, callerHeaders, requestBodyCodings, upstreamHeaders } from "../../../participants/attach/hop-headers.js";
+import { bodyCodings, callerHeaders, framingHeaders, namedRepresentationHeader, requestBodyCodings, upstreamHeaders as upstreamHeadersOf } from "../../../participants/attach/hop-headers.js";
 import { parseListen, parseUpstream } from "../../../participants/attach/upstream-url.js";
 import { proxiedLocation } from "../../../participants/attach/redirect-location.js";
 import { climbsAboveRoot } from "../../../participants/attach/canonical-route.js";
@@ -266,6 +266,9 @@ describe("upstream and listen flags", () => {
 });
 
 describe("hop-by-hop headers", () => {
+  const upstreamHeaders = (raw: string[], host: string, options?: { identity?: boolean }) => upstreamHeadersOf(raw, framingHeaders(raw), host, options);
+  const codingsOf = (raw: string[]) => requestBodyCodings(framingHeaders(raw));
+
   it("drops the headers a caller's Connection names, and Proxy-Authorization, from the upstream request", () => {
     const raw = ["Host", "proxy:1", "Connection", "keep-alive, X-Session-Secret", "connection", " Upgrade-Insecure ", "X-Session-Secret", "s3cret",
       "Upgrade-Insecure", "1", "Proxy-Authorization", "Basic cHJveHk6cGFzcw==", "Authorization", "Bearer k", "Content-Type", "application/json"];
@@ -287,10 +290,17 @@ describe("hop-by-hop headers", () => {
   });
 
   it("reads a request's body codings from its raw headers, in the order applied", () => {
-    expect(requestBodyCodings(["Content-Type", "application/json"])).toBeUndefined();
-    expect(requestBodyCodings(["Transfer-Encoding", "chunked", "Content-Encoding", "identity"])).toBeUndefined();
-    expect(requestBodyCodings(["Content-Encoding", "GZIP"])).toBe("gzip");
-    expect(requestBodyCodings(["Transfer-Encoding", "gzip, chunked", "Content-Encoding", "br", "content-encoding", "x-gzip"])).toBe("br, x-gzip, gzip");
+    expect(codingsOf(["Content-Type", "application/json"])).toBeUndefined();
+    expect(codingsOf(["Transfer-Encoding", "chunked", "Content-Encoding", "identity"])).toBeUndefined();
+    expect(codingsOf(["Content-Encoding", "GZIP"])).toBe("gzip");
+    expect(codingsOf(["Transfer-Encoding", "gzip, chunked", "Content-Encoding", "br", "content-encoding", "x-gzip"])).toBe("br, x-gzip, gzip");
+  });
+
+  it("names the header describing the body that a request's Connection names, in any spelling, and none for other options", () => {
+    expect(namedRepresentationHeader(framingHeaders(["Connection", "keep-alive, CONTENT-ENCODING"]))).toBe("Content-Encoding");
+    expect(namedRepresentationHeader(framingHeaders(["Connection", "close", "connection", "content_type"]))).toBe("Content-Type");
+    expect(namedRepresentationHeader(framingHeaders(["Connection", "keep-alive, x-hop, content-length", "Content-Encoding", "gzip"]))).toBeUndefined();
+    expect(namedRepresentationHeader(framingHeaders(["Content-Encoding", "gzip"]))).toBeUndefined();
   });
 
   it("names a body's transfer codings other than chunked in its Content-Encoding, after the content codings, both ways", () => {
