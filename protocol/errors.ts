@@ -23,6 +23,12 @@ export const ERROR_CATALOG = {
     meaning: "The message, body or record is larger than its limit (a control message: 1 MiB); the detail names the limit.",
     solve: "Keep control messages small: records travel through checkpoint storage, never on the bus. For a record or body, the detail says what to leave out.",
   },
+  unsupported_content_coding: {
+    status: 415,
+    meaning:
+      "The attach proxy cannot decode the content coding of a generation request's body (its `Content-Encoding`, or a `Transfer-Encoding` coding other than `chunked`), so it cannot read the call it must track; the answer's `Accept-Encoding` lists the codings it decodes. Nothing was sent upstream.",
+    solve: "Send the body uncompressed or in one of the codings the answer's `Accept-Encoding` lists (gzip, deflate, br).",
+  },
   reply_too_large: {
     status: 502,
     meaning: "The operation succeeded, but its reply is larger than the control-message limit (1 MiB, or the NATS server's lower `max_payload`), even with its long lists left out, so it cannot travel over NATS.",

@@ -14,7 +14,10 @@ const gunzipped: Decoder = promisify(gunzip);
 const inflated: Decoder = promisify(inflate);
 const rawInflated: Decoder = promisify(inflateRaw);
 
-/** The content codings a generation body is read through (RFC 9110 §8.4.1; `x-gzip` is gzip). */
+/** The content codings a generation body is read through (RFC 9110 §8.4.1; `x-gzip` is gzip): the refusal of another one lists them. */
+export const DECODED_CODINGS = "gzip, deflate, br";
+
+/** How each coding of DECODED_CODINGS (and `x-gzip`) is undone. */
 const DECODERS: Record<string, Decoder> = {
   gzip: gunzipped,
   "x-gzip": gunzipped,
@@ -33,15 +36,15 @@ const DECODERS: Record<string, Decoder> = {
  * transfer codings other than `chunked`, in the order applied), last applied first, so that it can be
  * parsed. Every step's output is bounded by `limit` (the body limit), so a small coded body that
  * decodes to gigabytes is refused `payload_too_large` before it is all in memory; a coding it does not
- * know, or bytes not valid in theirs, are `invalid_request` naming the coding. Decoded off the event
- * loop (zlib's thread pool).
+ * know is `unsupported_content_coding` (415, RFC 9110 §15.5.16), bytes not valid in theirs are
+ * `invalid_request`, each naming the coding. Decoded off the event loop (zlib's thread pool).
  */
 export async function decodedRequestBody(body: Buffer, codings: string, limit: number): Promise<Buffer> {
   const applied = codings.split(", ");
   if (applied.length > MAX_CODINGS) throw new CheckpointError("invalid_request", `the request body carries ${applied.length} content codings (${codings.slice(0, 200)}); at most ${MAX_CODINGS} are decoded`);
   const unknown = applied.find((coding) => !Object.hasOwn(DECODERS, coding));
   if (unknown !== undefined) {
-    throw new CheckpointError("invalid_request", `the request body's Content-Encoding ${JSON.stringify(unknown.slice(0, 100))} cannot be decoded (gzip, deflate and br can): send it uncompressed or in one of those`);
+    throw new CheckpointError("unsupported_content_coding", `the request body's Content-Encoding ${JSON.stringify(unknown.slice(0, 100))} cannot be decoded (${DECODED_CODINGS} can): send it uncompressed or in one of those`);
   }
   let decoded = body;
   for (const coding of applied.reverse()) {

@@ -114,10 +114,18 @@ it("refuses a coded body whose decoded size is past the limit 413 payload_too_la
   expect(calls).toEqual([]);
 });
 
-it("refuses a body in a coding it cannot decode, or broken in its coding, 400 invalid_request naming the coding, not 'not JSON'", async () => {
-  const unknown = await post(chat("zstd"), { "content-encoding": "zstd" }, Buffer.from([0x28, 0xb5, 0x2f, 0xfd]));
-  expect(unknown.status).toBe(400);
-  expect(JSON.parse(unknown.body).error).toEqual({ code: "invalid_request", detail: expect.stringContaining('Content-Encoding "zstd"') });
+// RFC 9110 §15.5.16: a content coding the server does not take is 415, its Accept-Encoding listing those it does.
+it("refuses a body in a coding it cannot decode 415 unsupported_content_coding naming the coding, its Accept-Encoding listing those it decodes", async () => {
+  for (const [key, coding] of [["zstd", "zstd"], ["mixed", "gzip, compress"]] as const) {
+    const unknown = await post(chat(key), { "content-encoding": coding }, Buffer.from([0x28, 0xb5, 0x2f, 0xfd]));
+    expect(unknown.status).toBe(415);
+    expect(unknown.headers["accept-encoding"]).toBe("gzip, deflate, br");
+    expect(JSON.parse(unknown.body).error).toEqual({ code: "unsupported_content_coding", detail: expect.stringMatching(/Content-Encoding "(zstd|compress)"/) });
+  }
+  expect(calls).toEqual([]);
+});
+
+it("refuses a body broken in its coding, or in too many codings, 400 invalid_request naming the coding, not 'not JSON'", async () => {
   const broken = await post(chat("broken"), { "content-encoding": "gzip" }, gzipSync(CHAT).subarray(0, 12));
   expect(broken.status).toBe(400);
   expect(JSON.parse(broken.body).error).toEqual({ code: "invalid_request", detail: expect.stringContaining("not valid gzip") });
