@@ -123,6 +123,15 @@ describe("tool-calling agent: streamed reasoning", () => {
     expect(assembleStream(text)).toEqual({ role: "assistant", content: "42", reasoning_content: "ab" });
   });
 
+  // vLLM from `reasoning_content` → `reasoning` (vllm-project/vllm#27752) until the old name's removal (#33402):
+  // every delta mirrors `reasoning` into `reasoning_content`, null in the content deltas too, so both names
+  // carry each piece of text once. Concatenated by arrival, it would be doubled.
+  it("takes vLLM's mirrored deltas (both names in every delta, null where there is none) once, in order", () => {
+    const both = (text: string | null) => ({ reasoning: text, reasoning_content: text });
+    const text = sse(delta({ role: "assistant", content: "", ...both(null) }), delta(both("six ")), delta(both("sevens")), delta({ content: "42", ...both(null) }));
+    expect(assembleStream(text)).toEqual({ role: "assistant", content: "42", reasoning_content: "six sevens" });
+  });
+
   it("adds no key to a stream without reasoning", () => {
     expect(assembleStream(sse(delta({ content: "42", reasoning_content: null })))).toEqual({ role: "assistant", content: "42" });
   });
