@@ -263,6 +263,33 @@ function interpolate(value: string, values: Record<string, string>): string {
   });
 }
 
+/** A Go duration as compose's `stop_grace_period` takes it (`30s`, `1m30s`, `1.5s`), in ms. */
+function composeDurationMs(value: string): number {
+  const units: Record<string, number> = { h: 3_600_000, m: 60_000, s: 1_000, ms: 1, us: 0.001, ns: 0.000_001 };
+  const parts = [...value.matchAll(/(\d+(?:\.\d+)?)(h|ms|m|s|us|ns)/g)];
+  expect(parts.map((m) => m[0]).join(""), `compose duration ${value}`).toBe(value);
+  return parts.reduce((sum, m) => sum + Number(m[1]) * units[m[2]!]!, 0);
+}
+
+/** A systemd time span as `TimeoutStopSec=` takes it (`30`, `30s`, `1min 30s`), in ms. */
+function systemdSpanMs(value: string): number {
+  if (/^\d+$/.test(value)) return Number(value) * 1_000;
+  const units: Record<string, number> = { ms: 1, s: 1_000, sec: 1_000, m: 60_000, min: 60_000, h: 3_600_000 };
+  const parts = [...value.matchAll(/(\d+)\s*(ms|sec|s|min|m|h)\b/g)];
+  expect(parts.length, `systemd time span ${value}`).toBeGreaterThan(0);
+  return parts.reduce((sum, m) => sum + Number(m[1]) * units[m[2]!]!, 0);
+}
+
+/**
+ * What a stopping coordinator may take past `stop_grace_ms` (its ops answered or given up): the
+ * lease's release waits for a renewal in flight (bounded by the lease), then its delete, the NATS
+ * drain and the telemetry flush (at most 2 s). A supervisor that kills it sooner leaves the lease
+ * held (the successor waits it out) and the last spans unsent.
+ */
+function stopNeedsMs(config: Yaml): number {
+  return config.stop_grace_ms + config.lease_ms + 5_000;
+}
+
 describe("the configuration of every coordinator deploy/ starts", () => {
   // What an operator provides outside the repository: tokens and NATS credentials.
   const SECRETS = { GYM_CKPT_TOKEN: "participants-token", GYM_CKPT_CONTROLLER_TOKEN: "controller-token", GYM_CKPT_NATS_USER: "coordinator", GYM_CKPT_NATS_PASS: "nats-password" };
@@ -288,6 +315,11 @@ describe("the configuration of every coordinator deploy/ starts", () => {
       expect(service.healthcheck.test.join(" "), name).toContain(`:${config.http.port}/healthz`);
       expect(compose.services).toHaveProperty(new URL(config.nats.servers).hostname);
       expect(config.controller_token, name).toBe("[Redacted]");
+    });
+    // Docker's default stop_grace_period is 10 s: below the coordinator's own stop_grace_ms.
+    names.forEach((name, i) => {
+      const grace = composeDurationMs(compose.services[name].stop_grace_period ?? "10s");
+      expect(grace, `${name}: stop_grace_period`).toBeGreaterThanOrEqual(stopNeedsMs(configs[i]));
     });
     // One deployment, two coordinators.
     expect(configs[0].deployment).toBe(configs[1].deployment);
@@ -317,6 +349,8 @@ describe("the configuration of every coordinator deploy/ starts", () => {
     expect(container.ports.find((p: Yaml) => p.name === container.readinessProbe.httpGet.port).containerPort).toBe(config.http.port);
     expect(config.coordinator_id).toBe("gym-ckpt-coordinator-0");
     expect(config.nats).toMatchObject({ user: "coordinator", pass: "[Redacted]" });
+    // Kubernetes' default grace is 30 s.
+    expect((pod.terminationGracePeriodSeconds ?? 30) * 1_000, "terminationGracePeriodSeconds").toBeGreaterThanOrEqual(stopNeedsMs(config));
   });
 
   it("systemd: the config file and environment file the unit's install describes, with its flags, load, with the mount it requires as root", { timeout: 60_000 }, async () => {
@@ -342,6 +376,10 @@ describe("the configuration of every coordinator deploy/ starts", () => {
       const config = await effectiveConfig("systemd", args.map((arg) => (arg === described![1] ? file : arg)), env);
       expect(config.checkpoint_root).toBe(/^RequiresMountsFor=(\S+)$/m.exec(unit)![1]);
       expect(config.nats).toMatchObject({ user: "coordinator", pass: "[Redacted]" });
+      // SIGTERM, then SIGKILL once TimeoutStopSec= (or TimeoutSec=; systemd's default 90 s) passed.
+      expect(unit).toMatch(/^KillSignal=SIGTERM$/m);
+      const timeout = /^TimeoutStopSec=(.+)$/m.exec(unit)?.[1] ?? /^TimeoutSec=(.+)$/m.exec(unit)?.[1] ?? "90s";
+      expect(systemdSpanMs(timeout.trim()), "TimeoutStopSec").toBeGreaterThanOrEqual(stopNeedsMs(config));
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }
