@@ -7,6 +7,7 @@ import { promisify } from "node:util";
 import { describe, expect, it } from "vitest";
 import { parseDocument } from "yaml";
 import { buildProgram } from "../../../coordinator/cli/program.js";
+import { CONFIG_ENV } from "../../../coordinator/config/config-loader.js";
 
 /**
  * deploy/ never runs in the suite (no Docker daemon or cluster): its YAML must parse, the
@@ -83,6 +84,45 @@ describe("deploy/ files", () => {
     const model = compose.services["gym-model"];
     const ledgerDir = model.command[model.command.indexOf("--ledger-dir") + 1];
     expect(model.volumes.map((v: string) => v.split(":")[1])).toContain(ledgerDir);
+  });
+
+  it("the image tag the Dockerfile, the Kubernetes base and docs/operations.md name is package.json's version", () => {
+    const { version } = JSON.parse(readFileSync(join(ROOT, "package.json"), "utf8")) as { version: string };
+    const tags = (text: string) => [...text.matchAll(/\bgym-ckpt:(\d[\w.+-]*\w)/g)].map((m) => m[1]);
+    const named: [string, string][] = [
+      ["deploy/Dockerfile", readFileSync(join(DEPLOY, "Dockerfile"), "utf8")],
+      ["deploy/kubernetes/base/deployment.yaml", readFileSync(join(DEPLOY, "kubernetes/base/deployment.yaml"), "utf8")],
+      ["docs/operations.md", readFileSync(join(ROOT, "docs/operations.md"), "utf8")],
+    ];
+    for (const [where, text] of named) {
+      expect(tags(text).length, where).toBeGreaterThan(0);
+      for (const tag of tags(text)) expect(tag, where).toBe(version);
+    }
+    expect(yamlFile(join(DEPLOY, "kubernetes/base/deployment.yaml")).spec.template.spec.containers[0].image).toBe(`gym-ckpt:${version}`);
+  });
+
+  it("the image's build copies every directory the build compiles, and .dockerignore keeps none of them out", () => {
+    const dockerfile = readFileSync(join(DEPLOY, "Dockerfile"), "utf8");
+    const build = dockerfile.split(/^FROM /m)[1]!;
+    const copied = [...build.matchAll(/^COPY (?!--from)(.+)$/gm)].flatMap((m) => m[1]!.trim().split(/\s+/).slice(0, -1));
+    const { include } = JSON.parse(readFileSync(join(ROOT, "tsconfig.build.json"), "utf8")) as { include: string[] };
+    for (const dir of include) expect(copied, `tsconfig.build.json compiles ${dir}`).toContain(dir);
+    // `npm run build`'s second step.
+    expect(JSON.parse(readFileSync(join(ROOT, "package.json"), "utf8")).scripts.build).toContain("node deploy/bundle-entries.mjs");
+    expect(copied).toContain("deploy/bundle-entries.mjs");
+    // Plain patterns only: a path the ignore file names (or lies under) never reaches the build.
+    const ignored = readFileSync(join(ROOT, ".dockerignore"), "utf8")
+      .split("\n")
+      .map((line) => line.trim())
+      .filter((line) => line !== "" && !line.startsWith("#"));
+    for (const path of copied) {
+      for (const pattern of ignored) {
+        const plain = pattern.replace(/^\*\*\//, "");
+        if (/[*?[!]/.test(plain)) continue;
+        expect(path === plain || path.startsWith(`${plain}/`) || path.split("/").includes(plain), `.dockerignore ${pattern} drops ${path}`).toBe(false);
+      }
+      expect(existsSync(join(ROOT, path)), path).toBe(true);
+    }
   });
 
   it("the systemd unit creates its state directory and does not restart a configuration error (exit 2)", () => {
@@ -168,14 +208,27 @@ async function cliFlags(command: string): Promise<string[]> {
 }
 
 /**
- * The flags a participant program's `--help` lists, from the build `npm test` makes first (a tsx
- * run per program compiles it all again: seconds of CPU that starve timing-sensitive tests beside).
+ * The flags and GYM_CKPT_* variables a participant program's `--help` lists, from the build `npm test`
+ * makes first (a tsx run per program compiles it all again: seconds of CPU that starve
+ * timing-sensitive tests beside).
  */
-async function programFlags(distPath: string): Promise<string[]> {
+async function programHelp(distPath: string): Promise<{ flags: string[]; variables: string[] }> {
   const source = join(ROOT, distPath.replace(/^dist\//, "").replace(/\.js$/, ".ts"));
   expect(existsSync(source), `${distPath} is built from ${relative(ROOT, source)}`).toBe(true);
   const { stdout } = await promisify(execFile)(process.execPath, [join(ROOT, distPath), "--help"], { cwd: ROOT, timeout: 30_000 });
-  return [...new Set([...stdout.matchAll(/--[a-z][a-z0-9-]*/g)].map((m) => m[0]))].concat("--help");
+  const found = (pattern: RegExp) => [...new Set([...stdout.matchAll(pattern)].map((m) => m[0]))];
+  return { flags: found(/--[a-z][a-z0-9-]*/g).concat("--help"), variables: found(/\bGYM_CKPT_[A-Z0-9_]+/g) };
+}
+
+/**
+ * The GYM_CKPT_* variables the coordinator daemon reads: its config's (CONFIG_ENV), the config
+ * file's, and the bucket replicas every process reads (protocol/nats-connection.ts).
+ */
+const COORDINATOR_VARIABLES = [...CONFIG_ENV.map((e) => e.env), "GYM_CKPT_CONFIG", "GYM_CKPT_NATS_REPLICAS"];
+
+/** The variables an environment sets that look like gym-ckpt's own. */
+function gymCkptVariables(names: readonly string[]): string[] {
+  return names.filter((name) => name.startsWith("GYM_CKPT_"));
 }
 
 /** A command line's value after `flag`. */
@@ -214,11 +267,13 @@ describe("the commands deploy/ runs", () => {
     const compose = yamlFile(join(DEPLOY, "docker-compose.yml"));
     const gym = Object.entries<Yaml>(compose.services).filter(([name]) => name.startsWith("gym-"));
     expect(gym.map(([name]) => name).sort()).toEqual(["gym-agent", "gym-environment", "gym-model", "gym-policy", "gym-resources"]);
-    const helps = await Promise.all(gym.map(([, service]) => programFlags(service.command[0])));
+    const helps = await Promise.all(gym.map(([, service]) => programHelp(service.command[0])));
     const ports = new Set<string>();
     gym.forEach(([name, service], i) => {
       const args: string[] = service.command.slice(1);
-      for (const flag of flagsOf(args)) expect(helps[i], `${name}: ${flag}`).toContain(flag);
+      for (const flag of flagsOf(args)) expect(helps[i]!.flags, `${name}: ${flag}`).toContain(flag);
+      // A variable the program does not read (renamed in the code) is ignored without a word.
+      for (const variable of gymCkptVariables(Object.keys(service.environment ?? {}))) expect(helps[i]!.variables, `${name}: ${variable}`).toContain(variable);
       ports.add(valueOf(args, "--port")!);
     });
     // One network namespace: each URL a server calls is another's loopback --port.
@@ -236,6 +291,49 @@ describe("the commands deploy/ runs", () => {
       .map(([name, service]) => `${service.network_mode?.replace(/^service:/, "") ?? name}:${valueOf(service.command, "--metrics-port")}`)
       .sort();
     expect(targets).toEqual(metrics);
+    // Scraped from the Prometheus container: each metrics endpoint binds every interface, not its 127.0.0.1 default.
+    for (const [name, service] of Object.entries<Yaml>(compose.services)) {
+      if (Array.isArray(service.command) && valueOf(service.command, "--metrics-port") !== undefined) {
+        expect(service.environment?.OTEL_EXPORTER_PROMETHEUS_HOST, `${name}: OTEL_EXPORTER_PROMETHEUS_HOST`).toBe("0.0.0.0");
+      }
+    }
+  });
+
+  it("Kubernetes: Prometheus's pod annotations and the metrics port name the port the coordinator serves /metrics on, on every interface", () => {
+    const template = yamlFile(join(DEPLOY, "kubernetes/base/deployment.yaml")).spec.template;
+    const container = template.spec.containers[0];
+    const port = valueOf(container.args, "--metrics-port");
+    expect(port).toBeDefined();
+    expect(template.metadata.annotations["prometheus.io/scrape"]).toBe("true");
+    expect(template.metadata.annotations["prometheus.io/port"]).toBe(port);
+    expect(template.metadata.annotations["prometheus.io/path"]).toBe("/metrics");
+    expect(String(container.ports.find((p: Yaml) => p.name === "metrics").containerPort)).toBe(port);
+    const env = Object.fromEntries(container.env.map((e: Yaml) => [e.name, e.value]));
+    expect(env.OTEL_EXPORTER_PROMETHEUS_HOST).toBe("0.0.0.0");
+    const service = yamlFile(join(DEPLOY, "kubernetes/base/service.yaml"));
+    expect(service.spec.ports.find((p: Yaml) => p.name === "metrics").targetPort).toBe("metrics");
+  });
+
+  it("every GYM_CKPT_ variable a coordinator gets (compose, Kubernetes and its Secret, systemd and its environment file) is one it reads", () => {
+    const compose = yamlFile(join(DEPLOY, "docker-compose.yml"));
+    const kustomization = readFileSync(join(DEPLOY, "kubernetes/base/kustomization.yaml"), "utf8");
+    const container = yamlFile(join(DEPLOY, "kubernetes/base/deployment.yaml")).spec.template.spec.containers[0];
+    const unit = readFileSync(join(DEPLOY, "systemd/gym-ckpt-coordinator.service"), "utf8");
+    const environmentFile = /^EnvironmentFile=(\S+)$/m.exec(unit)![1]!;
+    const fileVariables = new RegExp(`${environmentFile.replace(/[./]/g, "\\$&")} \\(([^;]*);`).exec(unit)![1]!;
+    const sets: [string, string[]][] = [
+      ...Object.entries<Yaml>(compose.services)
+        .filter(([name]) => name.startsWith("coordinator-"))
+        .map(([name, service]): [string, string[]] => [`compose ${name}`, Object.keys(service.environment)]),
+      ["kubernetes env", container.env.map((e: Yaml) => e.name)],
+      ["kubernetes Secret", [...kustomization.matchAll(/--from-literal=(\w+)=/g)].map((m) => m[1]!)],
+      ["systemd Environment=", [...unit.matchAll(/^#?\s*Environment=(\w+)=/gm)].map((m) => m[1]!)],
+      [`systemd ${environmentFile}`, [...fileVariables.matchAll(/(\w+)=\.\.\./g)].map((m) => m[1]!)],
+    ];
+    for (const [where, names] of sets) {
+      expect(names.length, where).toBeGreaterThan(0);
+      for (const variable of gymCkptVariables(names)) expect(COORDINATOR_VARIABLES, `${where}: ${variable}`).toContain(variable);
+    }
   });
 });
 
@@ -316,6 +414,23 @@ describe("the configuration of every coordinator deploy/ starts", () => {
       expect(compose.services).toHaveProperty(new URL(config.nats.servers).hostname);
       expect(config.controller_token, name).toBe("[Redacted]");
     });
+    // The Gym containers join them: the same NATS, deployment and participants' token, and the
+    // checkpoint root on the same volume at the same path (participants write records where the
+    // coordinator writes checkpoint.json).
+    const volumeAt = (service: Yaml, path: string) => (service.volumes as string[]).map((v) => v.split(":")).find(([, target]) => target === path)?.[0];
+    const coordinatorEnv = compose.services[names[0]!].environment;
+    const checkpoints = volumeAt(compose.services[names[0]!], configs[0].checkpoint_root);
+    expect(checkpoints).toBeDefined();
+    for (const [name, service] of Object.entries<Yaml>(compose.services).filter(([name]) => name.startsWith("gym-"))) {
+      const env = service.environment ?? {};
+      const args: string[] = service.command;
+      expect(valueOf(args, "--nats") ?? env.GYM_CKPT_NATS_URL, `${name}: NATS`).toBe(configs[0].nats.servers);
+      expect(valueOf(args, "--deployment") ?? env.GYM_CKPT_DEPLOYMENT, `${name}: deployment`).toBe(configs[0].deployment);
+      expect(env.GYM_CKPT_TOKEN, `${name}: token`).toBe(coordinatorEnv.GYM_CKPT_TOKEN);
+      const root = valueOf(args, "--checkpoint-root") ?? env.GYM_CKPT_CHECKPOINT_ROOT;
+      expect(root, `${name}: checkpoint root`).toBe(configs[0].checkpoint_root);
+      expect(volumeAt(service, root), `${name}: the checkpoint volume at ${root}`).toBe(checkpoints);
+    }
     // Docker's default stop_grace_period is 10 s: below the coordinator's own stop_grace_ms.
     names.forEach((name, i) => {
       const grace = composeDurationMs(compose.services[name].stop_grace_period ?? "10s");
