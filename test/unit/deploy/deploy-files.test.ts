@@ -8,6 +8,7 @@ import { describe, expect, it } from "vitest";
 import { parseDocument } from "yaml";
 import { buildProgram } from "../../../coordinator/cli/program.js";
 import { CONFIG_ENV } from "../../../coordinator/config/config-loader.js";
+import { controllerSubject, journalBucket, leaderBucket, MAX_CONTROL_MESSAGE_BYTES, membersBucket, NATS_INBOX_PREFIXES, NATS_OP_REPLY_PREFIX, participantSubject } from "../../../protocol/index.js";
 
 /**
  * deploy/ never runs in the suite (no Docker daemon or cluster): its YAML must parse, the
@@ -123,6 +124,40 @@ describe("deploy/ files", () => {
       }
       expect(existsSync(join(ROOT, path)), path).toBe(true);
     }
+  });
+
+  it("both nats-server configs run JetStream with the default 1 MiB max_payload", () => {
+    for (const name of ["nats-server.conf", "nats-server.production.conf"]) {
+      const conf = readFileSync(join(DEPLOY, "nats", name), "utf8");
+      expect(conf, name).toMatch(/^jetstream \{/m);
+      // What control messages and replies are sized against (a smaller limit refuses large lists and
+      // replies; a larger one is not what the coordinator assumes). nats-server reads MB as 1024 * 1024.
+      const payload = /^max_payload:\s*(\d+)\s*(MB|KB)?\b/m.exec(conf);
+      expect(payload, `${name}: max_payload`).not.toBeNull();
+      const bytes = Number(payload![1]) * { MB: 1024 * 1024, KB: 1024, none: 1 }[payload![2] ?? "none"]!;
+      expect(bytes, `${name}: max_payload`).toBe(MAX_CONTROL_MESSAGE_BYTES);
+    }
+  });
+
+  it("the production NATS template's permissions name the buckets, subjects and inboxes of the deployment the Kubernetes base runs", () => {
+    const conf = readFileSync(join(DEPLOY, "nats/nats-server.production.conf"), "utf8");
+    const { deployment } = JSON.parse(readFileSync(join(DEPLOY, "kubernetes/base/config.json"), "utf8")) as { deployment: string };
+    for (const bucket of [membersBucket(deployment), leaderBucket(deployment), journalBucket(deployment)]) {
+      expect(conf, bucket).toContain(`"$JS.API.STREAM.INFO.KV_${bucket}"`);
+      expect(conf, bucket).toContain(`"$JS.API.DIRECT.GET.KV_${bucket}.>"`);
+    }
+    expect(conf).toContain(`"$KV.${leaderBucket(deployment)}.>"`);
+    expect(conf).toContain(`"$KV.${journalBucket(deployment)}.>"`);
+    expect(conf).toContain(`"$KV.${membersBucket(deployment)}.>"`);
+    const participants = participantSubject(deployment, "environment", "e", "status").replace(/\.environment\.e\.status$/, ".>");
+    const controller = controllerSubject(deployment, "x").replace(/\.x$/, ".>");
+    expect(conf).toContain(`"${participants}"`);
+    expect(conf).toContain(`"${controller}"`);
+    for (const prefix of [...Object.values(NATS_INBOX_PREFIXES), NATS_OP_REPLY_PREFIX]) expect(conf, prefix).toContain(`"${prefix}.>"`);
+    // The coordinator's NATS user, in the Secret the kustomization's comment creates, is the template's.
+    const kustomization = readFileSync(join(DEPLOY, "kubernetes/base/kustomization.yaml"), "utf8");
+    const user = /--from-literal=GYM_CKPT_NATS_USER=(\w+)/.exec(kustomization)![1]!;
+    expect(conf).toMatch(new RegExp(`\\{ user: ${user}, password: \\$\\w+, permissions: \\$COORDINATOR_PERMISSIONS \\}`));
   });
 
   it("the systemd unit creates its state directory and does not restart a configuration error (exit 2)", () => {
