@@ -1,5 +1,6 @@
 import { z } from "zod";
 import { CheckpointError, type JsonValue } from "../../protocol/index.js";
+import { POWER_AFTER_WRAPPER_SOURCE, canonicalUnit, caseOfUnitLetters, powersWithCaret } from "./math-unit.js";
 import { VerifierServer, parseVerifierBody, verifierTaskSchema, type VerifyResult } from "./verifier-server.js";
 
 const MathTaskSchema = verifierTaskSchema({ expected_answer: z.string().max(10_000) });
@@ -66,6 +67,11 @@ const DECIMAL = /^([-+]?)(\d*)(?:\.(\d*))?(?:[eE]([-+]?\d+))?$/;
  * first decimal), in decimal arithmetic.
  */
 export function normalizeAnswer(text: string): string {
+  return normalizedKeepingCase(text).toLowerCase();
+}
+
+/** normalizeAnswer's text before case is ignored (numbers come out as normalizeAnswer writes them). */
+function normalizedKeepingCase(text: string): string {
   const spaced = plainDegreeWord(stripDecoration(latexPlain(extractAnswer(text))));
   let value = spaced.replace(/\s+/g, "");
   // A percentage compares its number as a number, and stays a percentage (50% is neither 50 nor 0.5).
@@ -85,18 +91,27 @@ export function normalizeAnswer(text: string): string {
     if (first === digits.length) return "0" + percent;
     return canonicalNumber(sign === "-", digits.slice(first, lastNonZero(digits) + 1), BigInt(whole.length - first) + BigInt(exponent)) + percent;
   }
-  return (value + percent).toLowerCase();
+  return value + percent;
 }
 
 /** What normalizeAnswer makes of a number (no percentage): `5`, `-0.5`, `1.5e+25`. */
 const CANONICAL_NUMBER = /^-?\d+(?:\.\d+)?(?:e[-+]\d+)?$/;
-/** A text wrapper closing the answer: `\text{ cm}` (also `\textrm`, `\mathrm`, `\mbox`). */
-const FINAL_TEXT_WRAPPER = /\\(?:text|textrm|mathrm|mbox)\{([^{}]*)\}$/;
 /**
- * What such a wrapper holds when it is a unit: words (`cm`, `km/h`, `m^2`, `m2`, `°C`, `sq units`),
- * a digit only after a letter, `^` or a digit: a number after spacing is another answer (`\text{ or 7}`).
+ * What a text wrapper holds: no braces but a power's (`\mathrm{m^{2}}`). A `^` is matched only by
+ * the second part, which takes its braces or none, so no two parts match the same characters.
  */
-const UNIT = /^[\p{L}°µ](?:[\p{L}°µ\s./^-]|(?<=[\p{L}°µ^\d])\d)*$/u;
+const WRAPPER_HELD_SOURCE = String.raw`((?:[^{}^]|\^(?:\{-?\d+\})?)*)`;
+/**
+ * A text wrapper closing the answer: `\text{ cm}` (also `\textrm`, `\mathrm`, `\mbox`), what it
+ * holds, and the power right after it if any (`\text{ m}^2`, `\mathrm{s}^{-1}`, `\text{ m}²`).
+ */
+const FINAL_TEXT_WRAPPER = new RegExp(String.raw`\\(?:text|textrm|mathrm|mbox)\{${WRAPPER_HELD_SOURCE}\}(${POWER_AFTER_WRAPPER_SOURCE})?$`);
+/**
+ * What such a wrapper holds when it is a unit, its powers written with `^` (powersWithCaret): words
+ * (`cm`, `km/h`, `m^2`, `m2`, `s^-1`, `°C`, `sq units`), a digit only after a letter, `^`, `^-` or a
+ * digit: a number after spacing is another answer (`\text{ or 7}`).
+ */
+const UNIT = /^[\p{L}°µ](?:[\p{L}°µ\s./^-]|(?<=[\p{L}°µ^\d]|\^-)\d)*$/u;
 /**
  * A word joining answers in such a wrapper, `or`, `nor`, `and` or a range's `to` (before spacing, a
  * digit or the end: `5\text{ or seven}`, `5\text{ and seven}`, `5\text{ or7}`): two answers, not a unit.
@@ -106,9 +121,11 @@ const HEDGE = /(?:^|\s)(?:or|nor|and|to)(?=\s|\d|$)/i;
 const UPRIGHT_CONSTANTS = new Set(["e", "i", "π"]);
 /**
  * An exponent (`e3`, `E-3`): no unit either. The wrapper is read as what it holds, so `1.5\text{ e3}`
- * normalizes to 1500; taken as 1.5 in a unit `e3` it was also 1.5, right against both.
+ * normalizes to 1500; taken as 1.5 in a unit `e3` it was also 1.5, right against both. So is an
+ * exponent's marker without its digits (`2\text{ E}`, `2\text{ E-}`): a malformed number, as the
+ * upright `e` is a constant, never 2 in a unit `E` (no unit's symbol).
  */
-const EXPONENT = /^[eE][-+]?\d+$/;
+const EXPONENT = /^[eE][-+]?\d*$/;
 /**
  * LaTeX's degree sign, `^\circ` or `^{\circ}` (spacing allowed; not `^\circle`), gensymb's `\degree`
  * and textcomp's `\textdegree` (not `\degrees`; an empty group may end the macro's name:
@@ -116,7 +133,7 @@ const EXPONENT = /^[eE][-+]?\d+$/;
  */
 const DEGREE_SPELLINGS = /\^\s*(?:\\circ(?![A-Za-z])|\{\s*\\circ\s*\})|\\(?:text)?degree(?![A-Za-z])(?:\{\})?/g;
 /** Every text wrapper: its macro's name and what it holds. */
-const TEXT_WRAPPERS = /\\(text|textrm|mathrm|mbox)\{([^{}]*)\}/g;
+const TEXT_WRAPPERS = new RegExp(String.raw`\\(text|textrm|mathrm|mbox)\{${WRAPPER_HELD_SOURCE}\}`, "g");
 /**
  * The unit word closing an answer or what a text wrapper holds, `degree`/`degrees`, with its scale
  * if named (`degrees Celsius`, `degrees F`): read as `°`, `°C` or `°F`.
@@ -194,8 +211,9 @@ function closersStart(text: string, end: number): number {
  * or by degrees (`90^\circ`, `90\degree`, `90°`, `\text{90°}`, `\text{90 degrees}`, a plain-text
  * `90 degrees`, `90^\circ\text{C}`, `90°F`, `90 degrees Celsius`): its normalized number. A unit is
  * marked as text (or by the degree sign, or is the word degrees), so another plain-text suffix is
- * none (`5 x`, `2 pi` may be a variable or a constant), nor is one with anything after it
- * (`5\text{ cm}^2`, `5\text{ or }7`, `90^\circ 5`), nor an exponent (`1.5\text{ e3}` is 1500).
+ * none (`5 x`, `2 pi` may be a variable or a constant), nor is one with anything after it but its
+ * power (`5\text{ cm}^2` is a unit `cm^2`; `5\text{ or }7`, `90^\circ 5` are none), nor an exponent
+ * or its marker (`1.5\text{ e3}` is 1500, `2\text{ E}` no 2).
  */
 export function numberBeforeUnit(text: string): string | undefined {
   return numberAndUnit(text)?.number;
@@ -203,14 +221,23 @@ export function numberBeforeUnit(text: string): string | undefined {
 
 /**
  * An answer that is a number followed by a unit (numberBeforeUnit's rules): the number normalized
- * as a bare one is, and the unit normalized (normalizeUnit), so two such answers compare number to
- * number and unit to unit.
+ * as a bare one is, and the unit as one spelling (canonicalUnit), so two such answers compare number
+ * to number and unit to unit.
  */
-function numberAndUnit(text: string): { number: string; unit: string } | undefined {
+function numberAndUnit(text: string): NumberAndUnit | undefined {
   const split = splitUnit(text);
   if (split === undefined) return undefined;
   const number = normalizeAnswer(split.before);
-  return CANONICAL_NUMBER.test(number) ? { number, unit: normalizeUnit(split.unit) } : undefined;
+  if (!CANONICAL_NUMBER.test(number)) return undefined;
+  const written = latexPlain(split.unit).replace(/\s+/g, "");
+  return { number, unit: canonicalUnit(written), written };
+}
+
+/** numberAndUnit's answer: the number, the unit as compared (canonicalUnit), and as normalizeAnswer's text holds it. */
+interface NumberAndUnit {
+  number: string;
+  unit: string;
+  written: string;
 }
 
 /** The unit closing `text` (by numberBeforeUnit's rules) and what comes before it, number or not; undefined without one. */
@@ -221,18 +248,9 @@ function splitUnit(text: string): { before: string; unit: string } | undefined {
   const wrapper = FINAL_TEXT_WRAPPER.exec(answer);
   if (!wrapper) return undefined;
   const number = numberOpeningWrapper(wrapper[1]!);
-  const unit = wrapper[1]!.slice(number.length).trim();
-  if (!unit || !UNIT.test(unit) || HEDGE.test(unit) || UPRIGHT_CONSTANTS.has(unit) || EXPONENT.test(unit)) return undefined;
+  const unit = wrapper[1]!.slice(number.length).trim() + (wrapper[2] ?? "");
+  if (!unit || !UNIT.test(powersWithCaret(unit)) || HEDGE.test(unit) || UPRIGHT_CONSTANTS.has(unit) || EXPONENT.test(unit)) return undefined;
   return { before: answer.slice(0, wrapper.index) + number, unit };
-}
-
-/**
- * A unit as splitUnit finds it (`cm`, `km/h`, `°`, `° C`, `°\text{C}`), read as normalizeAnswer
- * reads text: wrappers unwrapped, spacing removed, case ignored. So `5\text{ cm}`, `5\text{cm}` and
- * `\text{5 cm}` carry one unit, `90^\circ\text{C}` and `90°C` another; no unit is converted.
- */
-function normalizeUnit(unit: string): string {
-  return latexPlain(unit).replace(/\s+/g, "").toLowerCase();
 }
 
 /**
@@ -248,29 +266,50 @@ function numberOpeningWrapper(held: string): string {
   return /\s$|\\[,:;]$/.test(before.slice(-2)) ? before : "";
 }
 
-/** A final text wrapper ending in degrees (`\text{90°}`, `\text{90°C}`) unwrapped, so they close the answer (`90°`, `90°C`). */
+/**
+ * A final text wrapper ending in degrees (`\text{90°}`, `\text{90°C}`) unwrapped, so they close the
+ * answer (`90°`, `90°C`); not one with a power after it (`\text{90°}^2` is no degrees).
+ */
 function degreesOutOfFinalWrapper(answer: string): string {
   const wrapper = FINAL_TEXT_WRAPPER.exec(answer);
   const held = wrapper?.[1]!.trimEnd();
-  return wrapper && HELD_DEGREES.test(held!) ? answer.slice(0, wrapper.index) + held : answer;
+  return wrapper && wrapper[2] === undefined && HELD_DEGREES.test(held!) ? answer.slice(0, wrapper.index) + held : answer;
 }
 
 /**
- * Whether two answers are the same: equal once normalized, or the same number where one side
- * carries a unit (numberAndUnit) and the other is the bare number, or where both carry the same
- * unit. The question names the unit, so a data set's `5` and a model's `5\text{ cm}` (or the
- * reverse) are one answer; two units must be one unit as normalized (`5\text{ cm}` is not
- * `5\text{ m}`: no conversion), their numbers compared as bare numbers are (`5\text{ cm}` is
- * `5.0\text{ cm}`, `45^\circ` is `\frac{90}{2}^\circ`).
+ * Whether two answers are the same: the same number where both carry a unit (numberAndUnit) and
+ * it is one unit, else equal once normalized, or the same number where one side carries a unit and
+ * the other is the bare number. The question names the unit, so a data set's `5` and a model's
+ * `5\text{ cm}` (or the reverse) are one answer; two units must be one unit (canonicalUnit:
+ * `5\text{ cm}` is not `5\text{ m}`, no conversion; `5\text{ Mm}` is not `5\text{ mm}`, a prefix's
+ * case is its meaning; `m2` is `m^2`), their numbers compared as bare numbers are (`5\text{ cm}`
+ * is `5.0\text{ cm}`, `45^\circ` is `\frac{90}{2}^\circ`).
  */
 export function sameAnswer(expected: string, answer: string): boolean {
-  const normalized = [normalizeAnswer(expected), normalizeAnswer(answer)] as const;
-  if (normalized[0] === normalized[1]) return true;
   const withUnit = [numberAndUnit(expected), numberAndUnit(answer)] as const;
+  // Never as text, which ignores case: the units decide.
   if (withUnit[0] && withUnit[1]) return withUnit[0].number === withUnit[1].number && withUnit[0].unit === withUnit[1].unit;
+  const cased = [normalizedKeepingCase(expected), normalizedKeepingCase(answer)] as const;
+  const normalized = [cased[0].toLowerCase(), cased[1].toLowerCase()] as const;
+  if (normalized[0] === normalized[1]) {
+    if (withUnit[0]) return sameUnitLetters(cased[0], withUnit[0].written, cased[1]);
+    if (withUnit[1]) return sameUnitLetters(cased[1], withUnit[1].written, cased[0]);
+    return true;
+  }
   if (withUnit[0]) return withUnit[0].number === normalized[1];
   if (withUnit[1]) return withUnit[1].number === normalized[0];
   return false;
+}
+
+/**
+ * Whether `other`, a text equal but for case to `withUnit` (an answer ending in the unit
+ * `written`, both as normalizedKeepingCase writes them), ends in that unit's letters as a unit's
+ * letters compare (caseOfUnitLetters): plain-text `5 mm` is `5\text{ mm}` but not `5\text{ Mm}`,
+ * while the number's own letters keep ignoring case (`2.5E3\text{ m}` is `2.5e3 m`).
+ */
+function sameUnitLetters(withUnit: string, written: string, other: string): boolean {
+  if (!withUnit.endsWith(written)) return withUnit === other;
+  return caseOfUnitLetters(other.slice(other.length - written.length)) === caseOfUnitLetters(written);
 }
 
 /** `a/b` or a LaTeX fraction (signedLatexFraction) as [a, b]. */

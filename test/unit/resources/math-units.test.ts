@@ -40,7 +40,9 @@ describe("math verifier: units", () => {
     expect(await reward("5", "5x")).toBe(0);
     expect(await reward("2", "2 pi")).toBe(0);
     expect(await reward("5", "x = 5\\text{ cm}")).toBe(0);
-    expect(await reward("5", "5\\text{ cm}^2")).toBe(0);
+    // A power right after the wrapper is the unit's (`5\\text{ cm}^2` is 5 cm²), anything else is not.
+    expect(await reward("5", "5\\text{ cm}^2")).toBe(1);
+    expect(await reward("5", "5\\text{ cm}^2 x")).toBe(0);
     expect(await reward("5", "5\\text{ or }7")).toBe(0);
     // A wrapper that hedges between answers is no unit, the other answer inside it or not.
     expect(await reward("5", "5\\text{ or 7}")).toBe(0);
@@ -228,9 +230,9 @@ describe("math verifier: units", () => {
       ["5", "5 cm", 0],
       ["5", "5 cm^2", 0],
       ["2", "2 pi", 0],
-      // A wrapped unit with a power is a unit (as `4\\text{ m^2}`); one followed by a power is not.
+      // A wrapped unit with a power is a unit (as `4\\text{ m^2}`), the power inside the wrapper or right after it.
       ["5", "\\text{5 cm^2}", 1],
-      ["5", "\\text{5 cm}^2", 0],
+      ["5", "\\text{5 cm}^2", 1],
       // Upright constants stay no unit, and a number glued to letters in a wrapper is read as written (`2e5` is 200000).
       ["2", "\\text{2 e}", 0],
       ["3", "\\mathrm{3 i}", 0],

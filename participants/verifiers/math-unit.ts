@@ -1,0 +1,61 @@
+/**
+ * One unit's spellings, for the math verifier: which written units are one unit. Nothing is
+ * converted (`cm` is never `0.01 m`); only ways of writing the same symbols are made one.
+ *
+ * Runs on answers a model wrote, in the verifier's only thread: no pattern here may backtrack over
+ * its input (see math-verifier.ts).
+ */
+
+/** Unicode's superscript digits and minus, as written after a unit (`m²`, `s⁻¹`). */
+const SUPERSCRIPT_CHARS: Record<string, string> = {
+  "⁰": "0", "¹": "1", "²": "2", "³": "3", "⁴": "4", "⁵": "5", "⁶": "6", "⁷": "7", "⁸": "8", "⁹": "9", "⁻": "-",
+};
+const SUPERSCRIPT_POWER = /⁻?[⁰¹²³⁴⁵⁶⁷⁸⁹]+/g;
+/** A braced power, `^{2}`, `^{-1}` (spacing allowed). */
+const BRACED_POWER = /\^\s*\{\s*(-?\d+)\s*\}/g;
+/** A letter followed by digits with no `^` between: `m2` is `m^2`. */
+const BARE_POWER = /(\p{L})(\d+)/gu;
+/**
+ * The source of the power that may come right after a unit's text wrapper (`\text{ m}^2`,
+ * `\mathrm{m}^{-1}`, `\text{ m}²`): one digit without braces (`^23` is `^2` then a 3), any integer
+ * with them, or Unicode superscripts.
+ */
+export const POWER_AFTER_WRAPPER_SOURCE = String.raw`\^\s*(?:\d|\{\s*-?\d+\s*\})|⁻?[⁰¹²³⁴⁵⁶⁷⁸⁹]+`;
+
+/** A run of letters whose case is no meaning: a capitalised word (`Meters`, `Tons`), four letters or more. */
+const CAPITALISED_WORD = /^\p{Lu}\p{Ll}{3,}$/u;
+/**
+ * The litre, which has two symbols, `l` and `L`, with any SI prefix (`ml`, `mL`): read as `L`.
+ * Every other symbol's case is its meaning: SI prefixes (`Mm` megametres, `mm` millimetres), `B`
+ * bytes and `b` bits, `K` kelvin; so is an all-capitals spelling (`CM` is no centimetre).
+ */
+const LITRE = /^([yzafpnuµmcdhkMGTPEZY]?)[lL]$/u;
+
+/**
+ * `unit`'s powers written one way, `^2`, `^-1`: braced (`m^{2}`) or Unicode superscripts (`m²`,
+ * `s⁻¹`). A letter's bare digits (`m2`) are left as written: splitUnit checks this spelling
+ * against its unit rule, which reads them already.
+ */
+export function powersWithCaret(unit: string): string {
+  return unit
+    .replace(BRACED_POWER, "^$1")
+    .replace(SUPERSCRIPT_POWER, (power) => "^" + [...power].map((char) => SUPERSCRIPT_CHARS[char]).join(""));
+}
+
+/**
+ * A unit (LaTeX already read as plain text) as one spelling, so two units are one unit when these
+ * are equal: spacing removed, every power `^n` (`m2`, `m^{2}`, `m²` are `m^2`), a capitalised word
+ * in lower case, the litre as `L`, and every other letter's case kept (caseOfUnitLetters).
+ */
+export function canonicalUnit(plainUnit: string): string {
+  return caseOfUnitLetters(powersWithCaret(plainUnit.replace(/\s+/g, "")).replace(BARE_POWER, "$1^$2"));
+}
+
+/** `text` with each run of letters as a unit's letters compare: a capitalised word lower-cased, the litre `L`, the rest kept. */
+export function caseOfUnitLetters(text: string): string {
+  return text.replace(/\p{L}+/gu, (letters) => {
+    if (CAPITALISED_WORD.test(letters)) return letters.toLowerCase();
+    const litre = LITRE.exec(letters);
+    return litre ? `${litre[1]}L` : letters;
+  });
+}

@@ -1,0 +1,107 @@
+import { describe, expect, it } from "vitest";
+import { MathVerifier } from "../../../participants/verifiers/index.js";
+
+/**
+ * docs/verifiers.md: two sides with a unit are equal when their numbers are and their units are one
+ * unit. A unit symbol's case is its meaning (SI prefixes: `Mm` is megametres, `mm` millimetres;
+ * `GB` bytes, `Gb` bits), so it is compared with case, except a capitalised word (`Meters`) and the
+ * litre's two symbols (`mL`, `ml`). A power has several spellings (`m2`, `m^2`, `m^{2}`,
+ * `\text{m}^2`, `m²`), all one unit; no unit is converted. An exponent marker in a wrapper is no
+ * unit, with digits (`1.5\text{ e3}` is 1500) or without (`2\text{ E}` is not 2). Each row:
+ * expected, answer, reward.
+ */
+const reward = async (expected_answer: string, answer: string) => (await new MathVerifier().verify({ task: { expected_answer }, answer })).reward;
+
+describe("math verifier: a unit's case", () => {
+  it.each([
+    // SI prefixes differ by case: never one unit.
+    ["5\\text{ Mm}", "5\\text{ mm}", 0],
+    ["5\\text{ mm}", "5\\text{ Mm}", 0],
+    ["3\\text{ MHz}", "3\\text{ mHz}", 0],
+    ["2\\text{ GB}", "2\\text{ Gb}", 0],
+    ["4\\text{ Pg}", "\\text{4 pg}", 0],
+    ["5\\,\\mathrm{Mm}", "\\boxed{5\\text{ mm}}", 0],
+    // Nor against the same spelling as plain text: its case is the unit's.
+    ["5\\text{ Mm}", "5 mm", 0],
+    ["5 mm", "5\\text{ Mm}", 0],
+    // An all-capitals spelling is another symbol too (`CM` is no centimetre).
+    ["5\\text{ cm}", "5\\text{ CM}", 0],
+    // Same case: one unit, plain or wrapped, the number compared as a number (its exponent's `E` is any case).
+    ["5\\text{ Mm}", "5.0\\text{ Mm}", 1],
+    ["5\\text{ mm}", "5 mm", 1],
+    ["2.5E3\\text{ m}", "2.5e3 m", 1],
+    // A capitalised word is the word, and the litre has two symbols.
+    ["5\\text{ Meters}", "5\\text{ meters}", 1],
+    ["5\\text{ Tons}", "5 tons", 1],
+    ["5\\text{ mL}", "5\\text{ ml}", 1],
+    ["2\\text{ L}", "\\text{2 l}", 1],
+    ["2\\text{ L}", "2\\text{ mL}", 0],
+    // One side's unit against the bare number is still ignored.
+    ["5", "5\\text{ Mm}", 1],
+    ["5\\text{ Mm}", "5", 1],
+  ] as const)("expected %s, answer %s: reward %i", async (expected, answer, expectedReward) => {
+    expect(await reward(expected, answer)).toBe(expectedReward);
+  });
+});
+
+describe("math verifier: an exponent marker without digits is no unit", () => {
+  it.each([
+    ["2", "2\\text{ E}", 0],
+    ["2\\text{ E}", "2", 0],
+    ["2", "2\\mathrm{E}", 0],
+    ["2", "\\text{2 E}", 0],
+    ["2", "2\\text{ E-}", 0],
+    ["2", "2\\text{ e}", 0],
+    // Read as written, it equals only the same text.
+    ["2\\text{ E}", "2\\text{E}", 1],
+    // With digits it is an exponent, as before.
+    ["1500", "1.5\\text{ E3}", 1],
+  ] as const)("expected %s, answer %s: reward %i", async (expected, answer, expectedReward) => {
+    expect(await reward(expected, answer)).toBe(expectedReward);
+  });
+});
+
+describe("math verifier: a unit's powers however written", () => {
+  it.each([
+    ["5\\text{ m^2}", "5\\text{ m2}", 1],
+    ["5\\text{ m2}", "5\\text{ m^2}", 1],
+    ["5\\text{ m^2}", "5\\,\\mathrm{m^{2}}", 1],
+    ["5\\text{ m^2}", "5\\text{ m}^2", 1],
+    ["5\\text{ m2}", "5\\,\\mathrm{m}^{2}", 1],
+    ["5\\text{ m^2}", "5\\text{ m²}", 1],
+    ["\\text{5 m2}", "\\text{5 m}^2", 1],
+    ["9.8\\text{ m/s^2}", "9.8\\,\\mathrm{m/s}^2", 1],
+    ["3\\text{ s^{-1}}", "3\\text{ s⁻¹}", 1],
+    ["3\\text{ s^{-1}}", "3\\text{ s}^{-1}", 1],
+    ["12\\text{ cm³}", "12\\text{ cm^3}", 1],
+    // A wrapped unit with its power against the bare number: the unit ignored, as any.
+    ["5", "5\\text{ m}^2", 1],
+    ["5", "5\\,\\mathrm{m^{2}}", 1],
+    ["5", "5\\text{ m²}", 1],
+    ["5\\text{ cm}^2", "5", 1],
+    // No conversion, and another power is another unit.
+    ["5\\text{ m^2}", "5\\text{ m^3}", 0],
+    ["5\\text{ m2}", "5\\text{ m}", 0],
+    ["5\\text{ cm}^2", "5\\text{ cm}", 0],
+    ["5\\text{ m^2}", "5\\text{ M^2}", 0],
+    ["5\\text{ m^2}", "6\\text{ m}^2", 0],
+    // A power followed by anything, or a power of nothing, is no unit.
+    ["5", "5\\text{ m}^23", 0],
+    ["5", "5\\text{ m}^2 x", 0],
+    ["5", "5\\text{ m}^{x}", 0],
+  ] as const)("expected %s, answer %s: reward %i", async (expected, answer, expectedReward) => {
+    expect(await reward(expected, answer)).toBe(expectedReward);
+  });
+});
+
+describe("math verifier: unit spellings on long answers", () => {
+  it("reads powers and letters' case in linear time (a guard against backtracking, not a speed target)", { timeout: 10_000 }, async () => {
+    const started = performance.now();
+    expect(await reward("5", `5\\text{ m${"^".repeat(49_000)}`)).toBe(0);
+    expect(await reward("5", `5\\text{ m${"^{".repeat(49_000)}}`)).toBe(0);
+    expect(await reward("5", `5\\text{ m}${"^ ".repeat(49_000)}`)).toBe(0);
+    expect(await reward("5\\text{ mm}", `5\\text{ m${"²".repeat(99_000)}x}`)).toBe(0);
+    expect(await reward("5\\text{ mm}", `5\\text{ ${"Mm2".repeat(33_000)}}`)).toBe(0);
+    expect(performance.now() - started).toBeLessThan(2_000);
+  });
+});
