@@ -223,7 +223,8 @@ export class KvDecisionJournal implements DecisionJournal {
   /**
    * Drops the purge markers removed entries left (one per closed checkpoint, for ever in a bucket
    * without TTL, and walked by every recovery's listing) once older than `markerKeepMs`; a
-   * restore's (its outcome record) only once its checkpoint also left the catalog. Each is
+   * restore's (its outcome record) only once its checkpoint also left the catalog; one under a key
+   * that is no checkpoint id (nothing this journal wrote) at the plain markers' age. Each is
    * purged up to its own revision only, so a later write of the same key (a restore of that id)
    * survives; a deposed leader's write naming an older revision is still refused, as the key's
    * revision no longer matches. Runs once at a time, in the background; a failure is logged.
@@ -238,18 +239,22 @@ export class KvDecisionJournal implements DecisionJournal {
   private async dropOldMarkers(): Promise<void> {
     const now = Date.now();
     const unreadable: { key: string; error: unknown }[] = [];
+    const old = (await latestEntries(this.kv)).filter((e) => e.operation !== "PUT" && e.created.getTime() <= now - this.options.markerKeepMs);
+    // A key that is no checkpoint id names no checkpoint a restore could outlive: nothing this journal
+    // wrote (a hand-written marker, a buggy version's), which the catalog would refuse to look up.
+    // Dropped at the plain markers' age, whatever its body, and named once as it goes.
+    const invalidIds = old.filter((e) => !CheckpointIdSchema.safeParse(e.key).success).map((e) => e.key);
     // A restore's marker (it has a body: its outcome) also waits for its checkpoint to leave the catalog.
-    const old = (await latestEntries(this.kv)).filter(
-      (e) => e.operation !== "PUT" && e.created.getTime() <= now - this.options.markerKeepMs && (e.length === 0 || this.checkpointGone(e.key, unreadable)),
-    );
+    const dropped = old.filter((e) => e.length === 0 || invalidIds.includes(e.key) || this.checkpointGone(e.key, unreadable));
+    if (invalidIds.length) this.logger?.warn({ markers: invalidIds.length, keys: invalidIds.slice(0, 10) }, "journal_markers_of_invalid_ids_dropped");
     // One line per compaction: while the root is unmounted every record is kept, and one each was a flood.
     if (unreadable.length) {
       this.logger?.warn({ records: unreadable.length, keys: unreadable.slice(0, 10).map((u) => u.key), err: unreadable[0]!.error }, "journal_restore_outcomes_kept_catalog_unreadable");
     }
-    if (old.length === 0) return;
+    if (dropped.length === 0) return;
     const jsm = await jetstreamManager(this.nc);
-    for (const { key, revision } of old) await jsm.streams.purge(`KV_${this.bucket}`, { filter: `$KV.${this.bucket}.${key}`, seq: revision + 1 });
-    this.logger?.info({ markers: old.length }, "journal_markers_dropped");
+    for (const { key, revision } of dropped) await jsm.streams.purge(`KV_${this.bucket}`, { filter: `$KV.${this.bucket}.${key}`, seq: revision + 1 });
+    this.logger?.info({ markers: dropped.length }, "journal_markers_dropped");
   }
 
   /** Whether a restore's outcome record may go: its checkpoint left the catalog (see open). A throw keeps it, noted in `unreadable`. */

@@ -1,10 +1,14 @@
+import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { Writable } from "node:stream";
-import { jetstreamManager } from "@nats-io/jetstream";
+import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
-import { connect } from "@nats-io/transport-node";
+import { connect, headers } from "@nats-io/transport-node";
 import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { KvDecisionJournal, type JournalEntry } from "../../coordinator/ha/decision-journal.js";
+import { CheckpointCatalog } from "../../coordinator/publication/checkpoint-catalog.js";
 import { journalBucket } from "../../protocol/index.js";
 import { journalEntry } from "../unit/coordinator/fake-participants.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
@@ -488,5 +492,44 @@ describe("KV decision journal: a restore's outcome", () => {
     const warned = records().filter((r) => typeof r.msg === "string" && (r.msg as string).startsWith("journal_restore_outcome"));
     expect(warned).toHaveLength(1);
     expect(warned[0]).toMatchObject({ msg: "journal_restore_outcomes_kept_catalog_unreadable", records: 3, keys: ["c1", "c2", "c3"], module: "journal" });
+  });
+
+  // A marker no coordinator wrote (by hand, or a buggy version), under a key that is no checkpoint id:
+  // the daemon's catalog refuses the id (invalid_request), and such a record was kept for ever.
+  it("one under a key that is no checkpoint id goes at the plain markers' age, with one warning naming it; valid entries and records stay", async () => {
+    const { logger, records } = capturingLogger();
+    const root = await mkdtemp(join(tmpdir(), "gym-ckpt-journal-keys-"));
+    try {
+      await mkdir(join(root, "c1"));
+      await writeFile(join(root, "c1", "checkpoint.json"), "{}\n");
+      const catalog = new CheckpointCatalog(root);
+      const journal = await KvDecisionJournal.open(nats.nc, "jbadkey", logger, 0, (id) => catalog.has(id));
+      await journal.record(journalEntry({ checkpoint_id: "c1", state: "restore_cleanup", participants: [e1] }));
+      await journal.remove("c1", "restore_failed");
+      await journal.record(journalEntry({ checkpoint_id: "c2", state: "open", participants: [e1] }));
+      // Valid KV keys, invalid checkpoint ids: reserved, a leading underscore, a character ids never hold.
+      const bucket = journalBucket("jbadkey");
+      const js = jetstream(nats.nc);
+      for (const key of ["LATEST", "_odd", "a=b"]) {
+        const h = headers();
+        h.set("KV-Operation", "PURGE");
+        h.set("Nats-Rollup", "sub");
+        await js.publish(`$KV.${bucket}.${key}`, JSON.stringify({ restore: "restored" }), { headers: h });
+      }
+      expect(await messages("jbadkey")).toBe(5);
+      await journal.compactMarkers();
+      expect(await messages("jbadkey")).toBe(2);
+      expect(await journal.restoreOutcome("c1")).toBe("restore_failed");
+      expect((await journal.list()).map((e) => e.checkpoint_id)).toEqual(["c2"]);
+      const warned = records().filter((r) => r.level === 40);
+      expect(warned).toHaveLength(1);
+      expect(warned[0]).toMatchObject({ msg: "journal_markers_of_invalid_ids_dropped", markers: 3, module: "journal" });
+      expect([...(warned[0]!["keys"] as string[])].sort()).toEqual(["LATEST", "_odd", "a=b"]);
+      // Nothing left to drop: no warning again.
+      await journal.compactMarkers();
+      expect(records().filter((r) => r.level === 40)).toHaveLength(1);
+    } finally {
+      await rm(root, { recursive: true, force: true });
+    }
   });
 });
