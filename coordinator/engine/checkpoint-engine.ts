@@ -960,13 +960,16 @@ export class CheckpointEngine {
 
   /**
    * The published checkpoints, LATEST and the damaged ones, as `gym-ckpt ls --json` lists them
-   * (catalogListing): a damaged LATEST or checkpoint is no refusal.
+   * (catalogListing): a damaged LATEST or checkpoint is no refusal. Served after recovery only (see
+   * assertCatalogKnown).
    */
-  list(): Promise<CtlReplyOf<"list">> {
+  async list(): Promise<CtlReplyOf<"list">> {
+    this.assertCatalogKnown();
     return catalogListing(this.options.catalog);
   }
 
   async get(request: CtlRequestOf<"get">): Promise<CtlReplyOf<"get">> {
+    this.assertCatalogKnown();
     const manifest = await this.options.catalog.get(request.checkpoint_id);
     // A damaged LATEST names no checkpoint (as `list` answers it), and refuses none asked for by id.
     return { latest: (await latestOrNone(this.options.catalog)) === request.checkpoint_id, manifest };
@@ -2417,6 +2420,16 @@ export class CheckpointEngine {
         throw failed(thrown);
       }
     });
+  }
+
+  /**
+   * `list` and `get` read the catalog, which withholds an aborted checkpoint whose checkpoint.json
+   * could not be taken back only once this leader knows of it: its own abort, or its recovery's
+   * reading of the journal entry kept for it. A follower or a leader still recovering would serve
+   * that checkpoint as published, so they refuse `not_leader` as every op does before recovery.
+   */
+  private assertCatalogKnown(): void {
+    if (!this.recoveredFlag) throw new CheckpointError("not_leader", this.notServingYet());
   }
 
   /** Why ops are refused before recovery: a follower is told so, a new leader that it is still recovering. */

@@ -6,6 +6,7 @@ import { Ajv2020 } from "ajv/dist/2020.js";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { httpUrlOf } from "../../coordinator/api/http-api.js";
 import { HttpControllerClient } from "../../coordinator/client/http-controller-client.js";
+import { KvDecisionJournal } from "../../coordinator/ha/decision-journal.js";
 import {
   CheckpointError,
   CtlStatusReplySchema,
@@ -18,9 +19,10 @@ import {
   MAX_DEADLINE_AHEAD_S,
   controllerSubject,
 } from "../../protocol/index.js";
+import { journalEntry } from "../unit/coordinator/fake-participants.js";
 import { refusalOf } from "../support/refusal.js";
 import { waitUntil } from "../support/wait-until.js";
-import { CONTROLLER_TOKEN, startWorld, type World } from "./coordinator-harness.js";
+import { CONTROLLER_TOKEN, DEFAULT_MEMBERS, startWorld, type World } from "./coordinator-harness.js";
 
 let world: World;
 let base: string;
@@ -445,3 +447,59 @@ function responseHead(text: string): Promise<string> {
     socket.on("error", reject);
   });
 }
+
+/**
+ * An aborted checkpoint whose checkpoint.json its leader could not take back keeps its journal entry
+ * (undecided, `open`); the catalog withholds it only at a leader that knows of it, which a successor
+ * does once its recovery read that entry. Before then HTTP `list` and `get` answered from the root
+ * alone and served the aborted checkpoint as published (listed, readable by id): they now wait for
+ * recovery as every other op does, `not_leader`, the same gate as the NATS API's subscription
+ * (docs/api.md §3). The daemon's beforeRecover hook holds the recovery open.
+ */
+describe("list and get at a coordinator that has not recovered its predecessor's journal", () => {
+  it("answer not_leader until recovery took the aborted checkpoint back, then leave it out; status is answered meanwhile", async () => {
+    const failoverWorld = await startWorld({ nats: world.nats });
+    let release!: () => void;
+    const recoveryHeld = new Promise<void>((resolve) => (release = resolve));
+    try {
+      await failoverWorld.startParticipants();
+      const first = await failoverWorld.startCoordinator({ lease_ms: 1500 });
+      await first.whenReady();
+      await failoverWorld.client.checkpoint({ checkpoint_id: "ok1" });
+      await failoverWorld.client.checkpoint({ checkpoint_id: "aborted1" });
+      await first.stop();
+      // What an aborted publication whose take-back failed leaves: its checkpoint.json, LATEST naming
+      // the checkpoint before it, and its journal entry rewritten undecided.
+      await writeFile(join(failoverWorld.root, "LATEST"), "ok1\n");
+      const journal = await KvDecisionJournal.open(failoverWorld.pnc, failoverWorld.deployment);
+      // The checkpoint op's entry goes after its reply (once LATEST is durable): gone before it is written again.
+      await waitUntil(async () => (await journal.list()).length === 0, "the published checkpoints' journal entries to go", 10_000);
+      await journal.record(journalEntry({ checkpoint_id: "aborted1", state: "open", participants: DEFAULT_MEMBERS, epoch: first.lease.state().epoch ?? 1 }));
+
+      const second = await failoverWorld.startCoordinator({ lease_ms: 1500 }, { hooks: { beforeRecover: (_epoch, attempt) => (attempt === 1 ? recoveryHeld : undefined) } });
+      const url = second.httpUrl!;
+      await waitUntil(() => second.lease.state().ready, "the successor's lease to be ready", 15_000);
+      for (const path of ["/v1/checkpoints", "/v1/checkpoints/aborted1", "/v1/checkpoints/ok1"]) {
+        const held = await fetch(`${url}${path}`, { headers: auth });
+        expect([path, held.status, await held.json()]).toEqual([path, 503, { error: expect.objectContaining({ code: "not_leader" }) }]);
+      }
+      const status = await fetch(`${url}/v1/status`, { headers: auth });
+      expect([status.status, ((await status.json()) as { coordinator: { ready: boolean } }).coordinator.ready]).toEqual([200, false]);
+
+      release();
+      await second.whenReady();
+      const listed = (await (await fetch(`${url}/v1/checkpoints`, { headers: auth })).json()) as { latest: string; checkpoints: { checkpoint_id: string }[] };
+      expect([listed.latest, listed.checkpoints.map((c) => c.checkpoint_id)]).toEqual(["ok1", ["ok1"]]);
+      const aborted = await fetch(`${url}/v1/checkpoints/aborted1`, { headers: auth });
+      expect([aborted.status, await aborted.json()]).toEqual([404, { error: expect.objectContaining({ code: "not_found" }) }]);
+
+      // A follower has not recovered either: the same refusal, whatever its root holds.
+      const follower = await failoverWorld.startCoordinator({ lease_ms: 1500 });
+      const fromFollower = await fetch(`${follower.httpUrl!}/v1/checkpoints`, { headers: auth });
+      expect([fromFollower.status, await fromFollower.json()]).toEqual([503, { error: expect.objectContaining({ code: "not_leader" }) }]);
+    } finally {
+      release();
+      await failoverWorld.close();
+    }
+  });
+});
