@@ -467,13 +467,13 @@ describe("list and get at a coordinator that has not recovered its predecessor's
       await first.whenReady();
       await failoverWorld.client.checkpoint({ checkpoint_id: "ok1" });
       await failoverWorld.client.checkpoint({ checkpoint_id: "aborted1" });
+      const journal = await KvDecisionJournal.open(failoverWorld.pnc, failoverWorld.deployment);
+      // The checkpoint op's entry goes after its reply (once LATEST is durable), while its leader leads.
+      await waitUntil(async () => (await journal.list()).length === 0, "the published checkpoints' journal entries to go", 10_000);
       await first.stop();
       // What an aborted publication whose take-back failed leaves: its checkpoint.json, LATEST naming
       // the checkpoint before it, and its journal entry rewritten undecided.
       await writeFile(join(failoverWorld.root, "LATEST"), "ok1\n");
-      const journal = await KvDecisionJournal.open(failoverWorld.pnc, failoverWorld.deployment);
-      // The checkpoint op's entry goes after its reply (once LATEST is durable): gone before it is written again.
-      await waitUntil(async () => (await journal.list()).length === 0, "the published checkpoints' journal entries to go", 10_000);
       await journal.record(journalEntry({ checkpoint_id: "aborted1", state: "open", participants: DEFAULT_MEMBERS, epoch: first.lease.state().epoch ?? 1 }));
 
       const second = await failoverWorld.startCoordinator({ lease_ms: 1500 }, { hooks: { beforeRecover: (_epoch, attempt) => (attempt === 1 ? recoveryHeld : undefined) } });
