@@ -6,7 +6,7 @@ import type { AdmissionTicket } from "../kinds/model/admission-ticket.js";
 import type { ModelKind } from "../kinds/model/model-kind.js";
 import { CallerStall, onceSocket } from "./caller-stall.js";
 import type { CodingWarnings } from "./coding-warnings.js";
-import { bodyCodings, callerHeaders } from "./hop-headers.js";
+import { answerRepresentationRefusal, bodyCodings, callerHeaders } from "./hop-headers.js";
 import { refuse } from "./replies.js";
 import { isCompleteEvent, lastEventStart, mayEndStream } from "./sse-events.js";
 import { UsageTail } from "./usage-tail.js";
@@ -32,7 +32,8 @@ const HELD_EVENT_BYTES = 64 * 1024;
  * has been handed to the caller's socket in full ('finish'); a caller gone before that has the row
  * taken back (`ModelKind.undelivered`).
  *
- * Failures: an upstream error before any answer is a 502; an upstream lost while the response is held
+ * Failures: an upstream error before any answer is a 502, as is an answer whose `Connection` names a
+ * header describing its body (`answerRepresentationRefusal`); an upstream lost while the response is held
  * is a 502 at once (the caller re-issues the call after the checkpoint) — unless WAITING_BYTES of its
  * body came first: then the upstream is paused, the loss shows only when the response is released,
  * and the caller's connection is cut after the head (as with the http client before); mid-stream the caller's
@@ -97,6 +98,13 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
 
   onResponseStart(_controller: Dispatcher.DispatchController, status: number, headers: IncomingHttpHeaders): void {
     if (status < 200) return; // informational; the final head follows
+    // Its body would leave without what says how to read it: a 502 at once (held or not), no row.
+    const refusal = answerRepresentationRefusal(headers);
+    if (refusal) {
+      this.stopUpstream();
+      refuse(this.res, refusal);
+      return this.failOnce();
+    }
     this.head = { status, headers };
     // Asked for `accept-encoding: identity`, yet coded: the row's usage and the error-event check read
     // the last bytes as sent, so both miss. Said, not refused: the caller's answer is fine as it is.
@@ -110,6 +118,7 @@ export class ForwardedCall implements Dispatcher.DispatchHandler {
   }
 
   onResponseData(controller: Dispatcher.DispatchController, chunk: Buffer): void {
+    if (this.stopped) return;
     this.tail.push(chunk);
     if (this.waiting) {
       this.waiting.push(chunk);

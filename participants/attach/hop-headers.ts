@@ -1,12 +1,13 @@
 import type { IncomingHttpHeaders, OutgoingHttpHeaders } from "node:http";
+import { CheckpointError } from "../../protocol/index.js";
 
 /**
  * Headers that belong to one connection, not to the call: never copied across the proxy. `host` and
  * `content-length` are set for the upstream hop itself; `expect` is answered by our own server.
  * `proxy-authorization` / `proxy-authenticate` are the credentials and challenge of the hop to a proxy
  * (this one), never the upstream's business nor the caller's. Any header a `Connection` header names is
- * one too (RFC 9110 §7.6.1), dropped with it; a request naming one that says how its body is read is
- * refused before this (`namedRepresentationHeader`).
+ * one too (RFC 9110 §7.6.1), dropped with it; a request or answer naming one that says how its body is
+ * read is refused before this (`namedRepresentationHeader`, `answerRepresentationRefusal`).
  */
 const HOP_BY_HOP = new Set([
   "connection",
@@ -130,20 +131,40 @@ export function requestBodyCodings({ content, transfer }: RequestFraming): strin
 }
 
 /**
- * The headers that say how a request's body is read. Named by its `Connection` header they would be
- * dropped as options of that connection (RFC 9110 §7.6.1) while the body goes on as it came, so the
- * upstream would read other bytes than the proxy decoded and tracked (gzip taken for JSON).
+ * The headers that say how a body is read. Named by a `Connection` header they would be dropped as
+ * options of that connection (RFC 9110 §7.6.1) while the body goes on as it came, so the far side
+ * would misread it: the upstream, other bytes than the proxy decoded and tracked (gzip taken for
+ * JSON); the caller, gzip bytes with no coding named.
  */
 const REPRESENTATION_HEADERS: Record<string, string> = { "content-encoding": "Content-Encoding", "content-type": "Content-Type" };
+
+/** The first of `names` that is a `REPRESENTATION_HEADERS` one, as it is usually spelled; undefined when none is. */
+function representationHeaderIn(names: Set<string>): string | undefined {
+  for (const name of names) if (Object.hasOwn(REPRESENTATION_HEADERS, name)) return REPRESENTATION_HEADERS[name];
+  return undefined;
+}
 
 /**
  * The first header describing the body (`REPRESENTATION_HEADERS`) that the request's `Connection`
  * names (in any spelling the proxy drops it by), as it is usually spelled; undefined when none is.
  */
 export function namedRepresentationHeader({ connection }: RequestFraming): string | undefined {
-  if (connection.length === 0) return undefined;
-  for (const name of connectionOptions(connection, dashed)) if (Object.hasOwn(REPRESENTATION_HEADERS, name)) return REPRESENTATION_HEADERS[name];
-  return undefined;
+  return connection.length === 0 ? undefined : representationHeaderIn(connectionOptions(connection, dashed));
+}
+
+/**
+ * The refusal of an upstream answer whose `Connection` names a header describing its body (as
+ * `callerHeaders` spells what it drops): `upstream_failed` naming it, answered 502 before any of the
+ * answer leaves; undefined when none is named.
+ */
+export function answerRepresentationRefusal(headers: IncomingHttpHeaders): CheckpointError | undefined {
+  const connection = headers.connection;
+  const header = connection === undefined ? undefined : representationHeaderIn(connectionOptions(values(connection)));
+  if (header === undefined) return undefined;
+  return new CheckpointError(
+    "upstream_failed",
+    `upstream: the answer's Connection header names ${header}, which says how the body is read: a proxy drops the headers Connection names (RFC 9110 §7.6.1), so the body would reach the caller without it`,
+  );
 }
 
 function codingsOf(content: readonly string[], transfer: readonly string[]): string | undefined {
@@ -190,7 +211,8 @@ export function upstreamHeaders(rawHeaders: string[], { connection, transfer, co
  * dropped; `content-length` kept, as the body is passed on as it came. Transfer codings other than
  * `chunked` are named in `Content-Encoding`, as for a request; an answer whose `chunked` is not its
  * last coding names none (`NextHopCoding.unframed`), and `onUnframed` hears its `Transfer-Encoding`.
- * `location` maps a `Location` onto the proxy (`proxiedLocation`).
+ * `location` maps a `Location` onto the proxy (`proxiedLocation`). An answer whose `Connection` names a
+ * header describing its body is refused before this (`answerRepresentationRefusal`).
  */
 export function callerHeaders(
   headers: IncomingHttpHeaders,

@@ -3,7 +3,7 @@ import type { Dispatcher } from "undici";
 import { CheckpointError } from "../../protocol/index.js";
 import { CallerStall } from "./caller-stall.js";
 import type { CodingWarnings } from "./coding-warnings.js";
-import { callerHeaders } from "./hop-headers.js";
+import { answerRepresentationRefusal, callerHeaders } from "./hop-headers.js";
 import { refuse } from "./replies.js";
 
 /**
@@ -11,6 +11,7 @@ import { refuse } from "./replies.js";
  * chunks written straight to the caller, the upstream paused while the caller's socket is full. The
  * caller leaving drops the upstream call; so does a caller that stopped reading, once its full socket
  * has not drained for `finishWaitMs` (a generation call's bound): it held an upstream connection until shutdown.
+ * An answer whose `Connection` names a header describing its body is a 502 instead (`answerRepresentationRefusal`).
  */
 export class PassthroughCall implements Dispatcher.DispatchHandler {
   private controller: Dispatcher.DispatchController | null = null;
@@ -35,11 +36,19 @@ export class PassthroughCall implements Dispatcher.DispatchHandler {
     if (this.stopped) controller.abort(new Error("call dropped"));
   }
 
-  onResponseStart(_controller: Dispatcher.DispatchController, status: number, headers: IncomingHttpHeaders): void {
-    if (status >= 200) this.res.writeHead(status, callerHeaders(headers, this.relocate, this.warnings?.unframed));
+  onResponseStart(controller: Dispatcher.DispatchController, status: number, headers: IncomingHttpHeaders): void {
+    if (status < 200) return; // informational; the final head follows
+    const refusal = answerRepresentationRefusal(headers);
+    if (refusal) {
+      this.stopped = true;
+      controller.abort(new Error("call dropped"));
+      return refuse(this.res, refusal);
+    }
+    this.res.writeHead(status, callerHeaders(headers, this.relocate, this.warnings?.unframed));
   }
 
   onResponseData(controller: Dispatcher.DispatchController, chunk: Buffer): void {
+    if (this.stopped) return;
     if (this.res.write(chunk)) return;
     controller.pause();
     this.stall.arm(() => !this.done);
@@ -48,7 +57,7 @@ export class PassthroughCall implements Dispatcher.DispatchHandler {
   onResponseEnd(): void {
     this.done = true;
     this.stall.clear();
-    this.res.end();
+    if (!this.stopped) this.res.end();
   }
 
   onResponseError(_controller: Dispatcher.DispatchController, error: Error): void {

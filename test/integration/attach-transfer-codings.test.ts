@@ -42,6 +42,12 @@ beforeEach(async () => {
         const head = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked, gzip\r\nConnection: close\r\n\r\n";
         return void req.socket.end(Buffer.concat([Buffer.from(head), UNFRAMED_BODY]));
       }
+      // An answer whose Connection names the header given in `x-test-named` (and, for `x-hop`, sends it too).
+      const named = req.headers["x-test-named"];
+      if (typeof named === "string") {
+        const hop = named === "x-hop" ? { "x-hop": "1" } : {};
+        return void res.writeHead(200, { connection: `keep-alive, ${named}`, "content-type": "application/json", "content-encoding": "gzip", ...hop }).end(gzipSync(COMPLETION));
+      }
       if (req.url === "/v1/chat/completions") {
         const coding = req.headers["x-test-coding"];
         if (coding === "content") return void res.writeHead(200, { "content-type": "application/json", "content-encoding": "gzip" }).end(gzipSync(COMPLETION));
@@ -140,4 +146,35 @@ it("warns, naming the coding, when a tracked call's answer comes coded despite a
   // Once per coding (its repeats at debug), with the capture key of the call that showed it.
   expect(lines.filter((line) => line.level === 40)).toEqual([expect.objectContaining({ coding: "gzip", capture_key: "r1" })]);
   expect(lines.filter((line) => line.level === 20 && line.coding === "gzip").map((line) => line.capture_key)).toEqual(["r2", "r3"]);
+});
+
+// A proxy drops every header the answer's Connection names (RFC 9110 §7.6.1); dropping Content-Encoding
+// (or Content-Type) there handed the caller gzip bytes with no coding named. Such an answer is a 502
+// naming the header, before any byte of it leaves.
+it("answers 502 upstream_failed naming the header when the upstream's Connection names Content-Encoding or Content-Type, tracked or not, with no row", async () => {
+  const chat = (key: string, named: string) =>
+    call(`/ng-rollout/${key}/v1/chat/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json", "x-test-named": named },
+      body: JSON.stringify({ model: "m", messages: [{ role: "user", content: "hi" }] }),
+    });
+  const answers = [
+    ["pass-ce", await call("/v1/models", { headers: { "x-test-named": "Content-Encoding" } })],
+    ["pass-ct", await call("/v1/models", { headers: { "x-test-named": "CONTENT-TYPE" } })],
+    ["chat-ce", await chat("chat-ce", "content-encoding")],
+    ["chat-ct", await chat("chat-ct", "Content-Type")],
+  ] as const;
+  for (const [key, answer] of answers) {
+    expect({ key, status: answer.status, coding: answer.headers["content-encoding"] }).toEqual({ key, status: 502, coding: undefined });
+    expect(JSON.parse(answer.body.toString()).error).toEqual({ code: "upstream_failed", detail: expect.stringMatching(/Connection header names Content-(Encoding|Type)/) });
+  }
+  expect(await kind.ledger.rows("chat-ce")).toEqual([]);
+  expect(await kind.ledger.rows("chat-ct")).toEqual([]);
+  expect(kind.readiness()).toMatchObject({ blockers: [], counts: { inflight: 0 } });
+  // Another header named there is still dropped as an option of that connection, the answer passed on.
+  const hop = await chat("hop", "x-hop");
+  expect(hop.status).toBe(200);
+  expect(hop.headers["x-hop"]).toBeUndefined();
+  expect(gunzipSync(hop.body).toString()).toBe(COMPLETION);
+  expect((await kind.ledger.rows("hop")).length).toBe(1);
 });

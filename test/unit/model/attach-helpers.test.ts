@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { bodyCodings, callerHeaders, framingHeaders, namedRepresentationHeader, requestBodyCodings, upstreamHeaders as upstreamHeadersOf } from "../../../participants/attach/hop-headers.js";
+import { answerRepresentationRefusal, bodyCodings, callerHeaders, framingHeaders, namedRepresentationHeader, requestBodyCodings, upstreamHeaders as upstreamHeadersOf } from "../../../participants/attach/hop-headers.js";
 import { parseListen, parseUpstream } from "../../../participants/attach/upstream-url.js";
 import { proxiedLocation } from "../../../participants/attach/redirect-location.js";
 import { climbsAboveRoot } from "../../../participants/attach/canonical-route.js";
@@ -301,6 +301,13 @@ describe("hop-by-hop headers", () => {
     expect(namedRepresentationHeader(framingHeaders(["Connection", "close", "connection", "content_type"]))).toBe("Content-Type");
     expect(namedRepresentationHeader(framingHeaders(["Connection", "keep-alive, x-hop, content-length", "Content-Encoding", "gzip"]))).toBeUndefined();
     expect(namedRepresentationHeader(framingHeaders(["Content-Encoding", "gzip"]))).toBeUndefined();
+  });
+
+  it("refuses an answer whose Connection names a header describing its body upstream_failed naming it, and no other", () => {
+    expect(answerRepresentationRefusal({ connection: "keep-alive, Content-Encoding", "content-encoding": "gzip" })).toMatchObject({ code: "upstream_failed", message: expect.stringContaining("names Content-Encoding") });
+    expect(answerRepresentationRefusal({ connection: "CONTENT-TYPE" })).toMatchObject({ code: "upstream_failed", message: expect.stringContaining("names Content-Type") });
+    expect(answerRepresentationRefusal({ connection: "keep-alive, x-hop", "content-encoding": "gzip" })).toBeUndefined();
+    expect(answerRepresentationRefusal({ "content-encoding": "gzip" })).toBeUndefined();
   });
 
   it("names a body's transfer codings other than chunked in its Content-Encoding, after the content codings, both ways", () => {
