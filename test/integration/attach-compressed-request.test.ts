@@ -123,6 +123,10 @@ it("refuses a body in a coding it cannot decode 415 unsupported_content_coding n
     expect(JSON.parse(unknown.body).error).toEqual({ code: "unsupported_content_coding", detail: expect.stringMatching(/Content-Encoding "(zstd|compress)"/) });
   }
   expect(calls).toEqual([]);
+  // An untracked call's body is never read here: forwarded as it came, its coding named unchanged.
+  const zstd = Buffer.from([0x28, 0xb5, 0x2f, 0xfd, 0x01]);
+  expect((await post("/v1/files", { "content-encoding": "zstd" }, zstd)).status).toBe(200);
+  expect(calls.map(({ url, headers, body }) => ({ url, coding: headers["content-encoding"], body }))).toEqual([{ url: "/v1/files", coding: "zstd", body: zstd }]);
 });
 
 it("refuses a body broken in its coding, or in too many codings, 400 invalid_request naming the coding, not 'not JSON'", async () => {
