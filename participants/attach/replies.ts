@@ -15,7 +15,7 @@ export function json(res: ServerResponse, status: number, body: unknown, headers
  * A refusal body with its documented code; `status` overrides the code's own (502 for upstream
  * failures). Counted in `gym_ckpt.refusals` as the model participant's, like every data-plane refusal.
  * A body coding the proxy cannot decode is answered with the codings it can in `Accept-Encoding`
- * (RFC 9110 §12.5.3), as a 415 must.
+ * (RFC 9110 §12.5.3: a 415 for a content coding ought to list them).
  */
 export function refuse(res: ServerResponse, error: unknown, status?: number): void {
   const refusal = toCheckpointError(error);

@@ -149,7 +149,7 @@ it("warns, naming the coding, when a tracked call's answer comes coded despite a
 });
 
 // A proxy drops every header the answer's Connection names (RFC 9110 §7.6.1); dropping Content-Encoding
-// (or Content-Type) there handed the caller gzip bytes with no coding named. Such an answer is a 502
+// (or Content-Type) there would hand the caller gzip bytes with no coding named. Such an answer is a 502
 // naming the header, before any byte of it leaves.
 it("answers 502 upstream_failed naming the header when the upstream's Connection names Content-Encoding or Content-Type, tracked or not, with no row", async () => {
   const chat = (key: string, named: string) =>
