@@ -36,7 +36,7 @@ const HELD_EVENT_BYTES = 64 * 1024;
  * header describing its body (`answerRepresentationRefusal`); an upstream lost while the response is held
  * is a 502 at once (the caller re-issues the call after the checkpoint) — unless WAITING_BYTES of its
  * body came first: then the upstream is paused, the loss shows only when the response is released,
- * and the caller's connection is cut after the head (as with the http client before); mid-stream the caller's
+ * and the caller's connection is cut after the head; mid-stream the caller's
  * connection is cut. Retiring the ticket or the caller leaving drops the upstream call and fails the
  * ticket; a completed 2xx answer writes the ledger row, unless it is a stream ending in an error event.
  */

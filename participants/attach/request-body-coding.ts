@@ -44,7 +44,7 @@ export async function decodedRequestBody(body: Buffer, codings: string, limit: n
   if (applied.length > MAX_CODINGS) throw new CheckpointError("invalid_request", `the request body carries ${applied.length} content codings (${codings.slice(0, 200)}); at most ${MAX_CODINGS} are decoded`);
   const unknown = applied.find((coding) => !Object.hasOwn(DECODERS, coding));
   if (unknown !== undefined) {
-    throw new CheckpointError("unsupported_content_coding", `the request body's Content-Encoding ${JSON.stringify(unknown.slice(0, 100))} cannot be decoded (${DECODED_CODINGS} can): send it uncompressed or in one of those`);
+    throw new CheckpointError("unsupported_content_coding", `the request body's coding ${JSON.stringify(unknown.slice(0, 100))} (Content-Encoding, or Transfer-Encoding other than chunked) cannot be decoded (${DECODED_CODINGS} can): send it uncompressed or in one of those`);
   }
   let decoded = body;
   for (const coding of applied.reverse()) {

@@ -13,8 +13,8 @@ import { ModelKind } from "../../participants/kinds/model/index.js";
 import { closeAttachFixture, listenLocal } from "../support/attach-proxy-fixture.js";
 
 // Only `chunked` of a `Transfer-Encoding` belongs to the hop: the body still carries the other codings
-// (`gzip, chunked`) once unchunked. The proxy dropped the whole header both ways, so the far side got
-// gzip bytes it was never told were compressed.
+// (`gzip, chunked`) once unchunked. Dropping the whole header, either way, would hand the far side gzip
+// bytes it was never told were compressed.
 let dir: string;
 let upstream: Server;
 let proxy: Server;
