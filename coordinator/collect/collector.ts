@@ -43,7 +43,7 @@ import { OwnCheckpointOps, RESENT_CODES } from "./own-checkpoint-ops.js";
 import { parseStateValue } from "./state-file-value.js";
 import { ProgressReporter, progressClock, type ProgressSnapshot } from "./progress-reporter.js";
 import { anotherCollection, collectionFields, collectionFlags, fromCollectionFields, sameCollection, samePath, type CollectionIdentity } from "./collection-identity.js";
-import { appendResultText, createResultsIfAbsent, distrustedResults, readResults, readResultsForAppend, readResultsIfPresent, resultLineText, syncResults, type FinishedRow } from "./results-file.js";
+import { appendResultText, createResultsIfAbsent, distrustedResults, giveUpResultAppends, readResults, readResultsForAppend, readResultsIfPresent, resultLineText, resultWriteUnderWay, syncResults, type FinishedRow } from "./results-file.js";
 import { RolloutRecordsSink, type RolloutRecordsOptions, type RolloutRecordsStats } from "./rollout-records-sink.js";
 import { RowQueue } from "./row-queue.js";
 import { assertConcurrencyFits } from "./scope-ceiling.js";
@@ -859,6 +859,8 @@ export class Collector {
       // exits). Bounded: a worker held by storage that hangs (a task line or dispatched.jsonl on a
       // dead mount), or an op the controller does not answer, does not hold the failure for ever.
       const back = await this.drained(workers);
+      // Decided: an append still queued (behind one its storage holds) never lands after it.
+      this.giveUpAppends("the collection failed before this line's turn");
       // The rows already in --out are never run again: their buffered records are written now (or
       // counted unwritten), the appends still under way having ended (drained). Bounded: the flush
       // syncs --out first, which on a mount that hangs never ends.
@@ -1377,11 +1379,35 @@ export class Collector {
     const appends = Promise.allSettled([...this.finishing]).then(() => void (appended = true));
     // Closing the tasks file waits for the reads under way (FileHandle.close): a worker held by its
     // task line read holds it. Not waited for, it closes once that read ends (a worker then sends nothing).
-    if (await finishedWithin(appends.then(() => this.closeTasks()), this.runTimeoutMs)) return; // no row is sent from here on
+    const closed = await finishedWithin(appends.then(() => this.closeTasks()), this.runTimeoutMs);
+    // Stopped: an append still queued (behind one its storage holds) never lands after the exit's outcome.
+    this.giveUpAppends("the collector stopped before this line's turn");
+    if (closed) return; // no row is sent from here on
     void this.closeTasks();
     const wait_s = this.runTimeoutMs / 1000;
     if (!appended) this.options.logger.warn({ wait_s, appending: this.finishing.size }, "rows being appended to results.jsonl did not end within --run-timeout-s of the halt (its storage hangs?); exiting without waiting for them or for the tasks file's close: the next start runs those rows again if their lines are not there");
     else this.options.logger.warn({ wait_s }, "the tasks file's close did not end within --run-timeout-s of the halt (a task line read under way hangs?); exiting without it");
+  }
+
+  /**
+   * The exit goes on without the appends to --out still under way: those not begun never begin (a
+   * line landing after the collection's outcome, the lock let go, could land after the next start
+   * read --out, and its row would be in it twice); one whose write has begun cannot be called back,
+   * which resultsWriteUnderWay says (the lock is kept while it is).
+   */
+  private giveUpAppends(why: string): void {
+    if (giveUpResultAppends(this.options.outPath, why)) {
+      this.options.logger.warn({ out: this.options.outPath }, "a results.jsonl line's write is under way on storage that hangs and cannot be called back; no later line follows it");
+    }
+  }
+
+  /**
+   * A line's write to --out has begun and not returned (its storage hangs): it may still land, whole
+   * or as a torn last line. The lock stays held (collector.pid naming this process) while it is, so
+   * no start reads --out before that write has ended, one way or the other.
+   */
+  get resultsWriteUnderWay(): boolean {
+    return resultWriteUnderWay(this.options.outPath);
   }
 
   /**

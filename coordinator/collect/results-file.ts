@@ -38,6 +38,15 @@ const pendingCuts = new Map<string, number>();
 const appendTails = new Map<string, Promise<void>>();
 
 /**
+ * Files whose writer gave up on its appends (giveUpResultAppends): an append not yet begun is
+ * refused, never written after its collection's outcome was decided.
+ */
+const givenUp = new Map<string, CheckpointError>();
+
+/** Appends whose write is under way per file: once begun, a write cannot be called back. */
+const writing = new Map<string, number>();
+
+/**
  * Per file: the length its last good sync put on disk, and a failed sync, after which nothing of it
  * is trusted. Linux reports a failed writeback (EIO) once, to the descriptor that synced, and marks
  * the pages clean: a sync on a new descriptor then succeeds though the lines never reached the disk
@@ -95,7 +104,7 @@ function queued(path: string, step: () => Promise<void>): Promise<void> {
  */
 async function appendWhole(path: string, text: string): Promise<void> {
   // After a failed sync no line lands: whether it reached the disk could never be known.
-  const failure = durability.get(path)?.failure;
+  const failure = durability.get(path)?.failure ?? givenUp.get(path);
   if (failure) throw failure;
   // A fragment whose cut failed (below) is cut first: this append must not land after it. Failing
   // again, this append is refused too, rather than leaving the fragment mid-file.
@@ -108,13 +117,39 @@ async function appendWhole(path: string, text: string): Promise<void> {
   }
   // Unknown (the file cannot be looked at): nothing is cut.
   const before = await sizeIfExists(path).then((size) => size ?? 0, () => undefined);
+  writing.set(path, (writing.get(path) ?? 0) + 1);
   try {
     await appendFile(path, text);
   } catch (error) {
     if (before !== undefined) await truncate(path, before).catch(() => void pendingCuts.set(path, before));
     // A failed write names no path (a full disk's ENOSPC): the refusal should.
     throw namePath(error, path);
+  } finally {
+    const left = writing.get(path)! - 1;
+    if (left > 0) writing.set(path, left);
+    else writing.delete(path);
   }
+}
+
+/**
+ * The collection's outcome is decided without waiting for the appends to `path` still queued (its
+ * storage hangs): none that has not begun its write begins it any more (each is refused, `why`).
+ * True when one has begun: a write under way cannot be called back, so its line may still land
+ * (whole, or as a torn last line the next start cuts off), and nothing of this process follows it.
+ */
+export function giveUpResultAppends(path: string, why: string): boolean {
+  givenUp.set(path, new CheckpointError("storage_error", `${path}: not appended: ${why}`));
+  return writing.has(path);
+}
+
+/** Whether an append's write to `path` is under way (begun, not yet returned). */
+export function resultWriteUnderWay(path: string): boolean {
+  return writing.has(path);
+}
+
+/** Settles once the appends and syncs queued for `path` so far have ended (each its own way). */
+export function resultAppendsSettled(path: string): Promise<void> {
+  return appendTails.get(path) ?? Promise.resolve();
 }
 
 /**
@@ -255,6 +290,8 @@ export async function readResultsIfPresent(path: string, maxLineBytes = MAX_RESU
  * lines it distrusted.
  */
 export async function readResultsForAppend(path: string, maxLineBytes = MAX_RESULT_LINE_BYTES): Promise<Map<string, FinishedRow>> {
+  // A new start's file: appends given up by an earlier collector in this process do not refuse its own.
+  givenUp.delete(path);
   const before = durability.get(path);
   if (before?.failure && !before.cut) throw before.failure;
   const size = await sizeIfExists(path);

@@ -209,7 +209,14 @@ export function register(program: Command): void {
         // run() gives up a worker whose task line read hangs (a dead mount) after --run-timeout-s;
         // waiting here would hold the lock, and the error, for as long as that read. It closes once it ends.
         void closeTaskRows(rows);
-        await lock.release().catch(() => undefined);
+        // A results.jsonl line whose write was given up but has begun may still land: collector.pid
+        // stays, naming this process, so no start reads --out before that write ends (the process
+        // cannot end before it either); then the next start takes the file over as stale.
+        if (collector?.resultsWriteUnderWay) {
+          logger?.warn({ file: lock.path }, "collector.pid is left in place while a results.jsonl line's write is under way; the next start takes it over once this process has ended");
+        } else {
+          await lock.release().catch(() => undefined);
+        }
         // A start refused before it wrote anything (a --checkpoint-dir that is not the coordinator's
         // root, say) leaves no directory behind it made: only empty ones go.
         if (createdDir !== undefined && !started) await removeEmptyDirectories(checkpointDir, createdDir);

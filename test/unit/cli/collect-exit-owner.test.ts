@@ -30,12 +30,17 @@ const steer = vi.hoisted(() => ({
   flushed: 0,
   /** What summary().records says: rows whose records the final flush did not write. */
   unwritten: 0,
+  /** What resultsWriteUnderWay says: a results.jsonl line's write given up but begun. */
+  writeUnderWay: false,
 }));
 vi.mock("../../../coordinator/collect/collector.js", async (importOriginal) => {
   const original = await importOriginal<typeof import("../../../coordinator/collect/collector.js")>();
   class SteeredCollector {
     get hasEnded() {
       return steer.ended;
+    }
+    get resultsWriteUnderWay() {
+      return steer.writeUnderWay;
     }
     async start() {}
     run() {
@@ -97,6 +102,7 @@ beforeEach(async () => {
   steer.haltHeld = undefined;
   steer.flushed = 0;
   steer.unwritten = 0;
+  steer.writeUnderWay = false;
   vi.spyOn(process.stderr, "write").mockImplementation((chunk: string | Uint8Array) => ((stderr += String(chunk)), true));
   vi.spyOn(process.stdout, "write").mockImplementation((chunk: string | Uint8Array) => ((stdout += String(chunk)), true));
   vi.spyOn(process, "exit").mockImplementation(((code?: number) => void exits.push(code)) as typeof process.exit);
@@ -286,5 +292,19 @@ describe("gym-ckpt collect: one outcome when a signal and the collection's end r
     } finally {
       endRead(); // the read ends after all: the file closes
     }
+  });
+
+  // A results.jsonl line the failure gave up on whose write had begun may still land. Releasing the
+  // lock let a next start read --out before it did, send its row again, and have it there twice.
+  it("run() fails while a results.jsonl line's write is under way: the error is printed, exit 1, and collector.pid is kept naming this process", async () => {
+    const action = collect();
+    await waitUntil(() => steer.running, "the collection running");
+    steer.ended = true;
+    steer.writeUnderWay = true;
+    steer.run.reject(new CheckpointError("storage_error", "dispatched.jsonl could not be appended"));
+    await action;
+    expect(stderr).toContain("error storage_error: dispatched.jsonl could not be appended\n");
+    expect(process.exitCode).toBe(1);
+    expect(existsSync(join(dir, "ckpt", COLLECTOR_LOCK_FILE))).toBe(true);
   });
 });

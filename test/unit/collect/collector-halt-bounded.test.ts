@@ -1,4 +1,4 @@
-import { mkdtemp, rm } from "node:fs/promises";
+import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { createServer, type Server } from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -6,6 +6,7 @@ import pino from "pino";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import type { TaskFile } from "../../../coordinator/collect/task-file.js";
 import { TaskLineRef } from "../../../coordinator/collect/task-rows.js";
+import { resultAppendsSettled } from "../../../coordinator/collect/results-file.js";
 import { collectorIn, idleController } from "../../support/collector-fixture.js";
 import { waitUntil } from "../../support/wait-until.js";
 
@@ -20,7 +21,7 @@ import { waitUntil } from "../../support/wait-until.js";
  * (`disk.hangSyncs`: the syncs before a records step, not the one that makes the file) for good, as a dead mount does, and fails the append of the row named by
  * `disk.failAppendOf` (a full disk).
  */
-const disk = vi.hoisted(() => ({ hangAppends: false, appending: 0, hangSyncs: false, syncing: 0, failAppendOf: "" }));
+const disk = vi.hoisted(() => ({ hangAppends: false, appending: 0, hangSyncs: false, syncing: 0, failAppendOf: "", holdAppends: undefined as Promise<void> | undefined }));
 
 vi.mock("node:fs/promises", async (importOriginal) => {
   const real = await importOriginal<typeof import("node:fs/promises")>();
@@ -30,6 +31,11 @@ vi.mock("node:fs/promises", async (importOriginal) => {
       if (disk.hangAppends) {
         disk.appending++;
         return never;
+      }
+      if (disk.holdAppends) {
+        // A write under way on storage that hangs, then returns: the line lands once released.
+        disk.appending++;
+        await disk.holdAppends;
       }
       if (disk.failAppendOf && String(data).includes(`"rollout_id":"${disk.failAppendOf}"`)) {
         throw Object.assign(new Error("ENOSPC: no space left on device, write"), { code: "ENOSPC", syscall: "write" });
@@ -60,7 +66,7 @@ let dir: string;
 let server: Server | undefined;
 beforeEach(async () => {
   dir = await mkdtemp(join(tmpdir(), "gym-ckpt-halt-bounded-"));
-  Object.assign(disk, { hangAppends: false, appending: 0, hangSyncs: false, syncing: 0, failAppendOf: "" });
+  Object.assign(disk, { hangAppends: false, appending: 0, hangSyncs: false, syncing: 0, failAppendOf: "", holdAppends: undefined });
 });
 afterEach(async () => {
   server?.closeAllConnections();
@@ -139,6 +145,26 @@ describe("halt() with storage that hangs", () => {
   });
 });
 
+describe("halt() with a results.jsonl append held by its storage", () => {
+  it("appends no line queued behind it once the halt went on without it", { timeout: 5_000 }, async () => {
+    const { url, requests } = await rewardingRun();
+    let release!: () => void;
+    disk.holdAppends = new Promise<void>((resolve) => (release = resolve));
+    const rows = ["a", "b"].map((rolloutId) => ({ rolloutId, task: {} }));
+    const out = join(dir, "results.jsonl");
+    const collector = collectorIn(dir, url, idleController(), { rows, concurrency: 2, runTimeoutSeconds: 0.2 });
+    await collector.start();
+    void collector.run().catch(() => undefined);
+    await waitUntil(() => disk.appending === 1 && requests.length === 2 && collector.summary().finished === 2, "a appending, b queued");
+    await collector.halt();
+    expect(collector.resultsWriteUnderWay).toBe(true);
+    release();
+    await resultAppendsSettled(out);
+    const lines = (await readFile(out, "utf8")).split("\n").filter(Boolean).map((l) => (JSON.parse(l) as { rollout_id: string }).rollout_id);
+    expect(lines).toHaveLength(1); // the one whose write had begun; the other never lands
+  });
+});
+
 describe("the records flush after a halt, with results.jsonl's sync hanging", () => {
   it("waits at most --run-timeout-s and counts the rows whose records it did not wait for as not written", { timeout: 5_000 }, async () => {
     // a finishes (its line appended, its record buffered); h's /run is never answered.
@@ -180,5 +206,34 @@ describe("a failed run() with results.jsonl's sync hanging", () => {
     expect(disk.syncing).toBe(1);
     expect(lines.filter((l) => l.startsWith("the final flush of the rollout records did not end within --run-timeout-s"))).toHaveLength(1);
     expect(collector.summary().records).toMatchObject({ records: 0, unwritten: 1 });
+  });
+});
+
+describe("a failed run() with a results.jsonl append held by its storage", () => {
+  // Before, a line queued behind an append the failure gave up on was still appended once that
+  // append returned: after run() had rejected and the command had let go of the lock, so a next
+  // start could read --out without it, send its row again, and then find it in --out twice.
+  it("appends no line that had not begun its write, and says the one under way may still land", { timeout: 5_000 }, async () => {
+    const { url, requests } = await rewardingRun();
+    let release!: () => void;
+    disk.holdAppends = new Promise<void>((resolve) => (release = resolve));
+    let failRead!: (error: Error) => void;
+    const file = { path: join(dir, "tasks.jsonl"), read: () => new Promise<Buffer>((_, reject) => (failRead = reject)), close: async () => undefined } as unknown as TaskFile;
+    const rows = [{ rolloutId: "a", task: {} }, { rolloutId: "b", task: {} }, { rolloutId: "c", task: new TaskLineRef(file, 1, 0, 2, "") }];
+    const out = join(dir, "results.jsonl");
+    const collector = collectorIn(dir, url, idleController(), { rows, concurrency: 3, runTimeoutSeconds: 0.2 });
+    await collector.start();
+    const run = collector.run();
+    run.catch(() => undefined);
+    // a's append is under way (held), b's queued behind it; then c's task line read fails.
+    await waitUntil(() => disk.appending === 1 && requests.length === 2 && collector.summary().finished === 2, "a appending, b queued");
+    failRead(Object.assign(new Error("EIO: i/o error, read"), { code: "EIO" }));
+    await expect(run).rejects.toThrow(/tasks file/);
+    expect(collector.resultsWriteUnderWay).toBe(true);
+    release();
+    await resultAppendsSettled(out);
+    expect(collector.resultsWriteUnderWay).toBe(false);
+    const lines = (await readFile(out, "utf8")).split("\n").filter(Boolean).map((l) => (JSON.parse(l) as { rollout_id: string }).rollout_id);
+    expect(lines).toEqual(["a"]); // a's write had begun and landed whole; b's had not, and never lands
   });
 });
