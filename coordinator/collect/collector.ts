@@ -877,10 +877,15 @@ export class Collector {
     this.ended = true;
     if (this.timer) clearInterval(this.timer);
     clearTimeout(this.retireRetry);
-    await this.closeTasks(); // every row is done, failed for good, or stopped: none is sent again
+    // Every row is done, failed for good, or stopped: none is sent again. Storage that hangs (a dead
+    // mount) holds none of the closes below for good: each is waited for at most --run-timeout-s,
+    // as on a failure or a halt.
+    if (!(await finishedWithin(this.closeTasks(), this.runTimeoutMs))) {
+      this.options.logger.warn({ wait_s: this.runTimeoutMs / 1000 }, "the tasks file's close did not end within --run-timeout-s as the collection ends (its storage hangs?); going on without it");
+    }
     if (!this.stopping) await this.close();
     this.ownOps.end();
-    await this.records?.close();
+    await this.closeRecordsWithin();
     await this.syncFinishedResults();
     this.options.progress?.finish();
     // The last step's sync failed: rows the summary would count are no longer in --out.
@@ -925,7 +930,15 @@ export class Collector {
   private async syncFinishedResults(): Promise<void> {
     if (this.resultsLost || !existsSync(this.options.outPath)) return;
     try {
-      await syncResults(this.options.outPath);
+      // Bounded (a dead mount): not known on disk, its rows are not counted finished; nothing is cut
+      // (the lines read back, and the next start's own sync tells).
+      if (!(await finishedWithin(syncResults(this.options.outPath), this.runTimeoutMs))) {
+        const wait_s = this.runTimeoutMs / 1000;
+        this.resultsLost = new CheckpointError("storage_error", `${this.options.outPath}: its sync as the collection ends did not end within --run-timeout-s (${wait_s} s): its rows may not be on disk`);
+        this.giveUpAppends("the collection ended without its last sync");
+        this.options.logger.error({ wait_s, out: this.options.outPath }, "results.jsonl's sync as the collection ends did not end within --run-timeout-s (its storage hangs?); failing without it: the next start syncs it again");
+        return;
+      }
       this.unsynced.clear();
     } catch (error) {
       const distrusted = distrustedResults(this.options.outPath);

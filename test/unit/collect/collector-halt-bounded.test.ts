@@ -1,3 +1,4 @@
+import { createHash } from "node:crypto";
 import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { createServer, type Server } from "node:http";
 import { tmpdir } from "node:os";
@@ -235,5 +236,63 @@ describe("a failed run() with a results.jsonl append held by its storage", () =>
     expect(collector.resultsWriteUnderWay).toBe(false);
     const lines = (await readFile(out, "utf8")).split("\n").filter(Boolean).map((l) => (JSON.parse(l) as { rollout_id: string }).rollout_id);
     expect(lines).toEqual(["a"]); // a's write had begun and landed whole; b's had not, and never lands
+  });
+});
+
+/** Whether `work` settles (either way) within `ms`: the bounds under test are far shorter. */
+async function settlesWithin(work: Promise<unknown>, ms: number): Promise<boolean> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<false>((resolve) => (timer = setTimeout(() => resolve(false), ms)));
+  return Promise.race([work.then(() => true, () => true), late]).finally(() => clearTimeout(timer));
+}
+
+describe("a collection that finished every row, with storage that hangs as it ends", () => {
+  // Before, the closes of a successful collection were waited for without a bound: on a dead mount
+  // the collector never printed its summary nor let go of its lock, while a failed one or a halt
+  // waited at most --run-timeout-s.
+  it("results.jsonl's last sync hanging: fails storage_error (no summary: its rows may not be on disk) within --run-timeout-s, saying what it did not wait for", { timeout: 5_000 }, async () => {
+    const { url } = await rewardingRun();
+    const { logger, lines } = capturingLogger();
+    const collector = collectorIn(dir, url, idleController(), { runTimeoutSeconds: 0.2, logger });
+    await collector.start();
+    disk.hangSyncs = true;
+    const run = collector.run();
+    expect(await settlesWithin(run, 2_000)).toBe(true);
+    await expect(run).rejects.toMatchObject({ code: "storage_error", message: expect.stringContaining("did not end within --run-timeout-s") });
+    expect(disk.syncing).toBe(1);
+    expect(lines.filter((l) => l.startsWith("results.jsonl's sync as the collection ends did not end within --run-timeout-s"))).toHaveLength(1);
+  });
+
+  it("the records flush hanging (it syncs results.jsonl first): fails storage_error within --run-timeout-s of each, those rows counted as not written", { timeout: 5_000 }, async () => {
+    const { url } = await rewardingRun();
+    const { logger, lines } = capturingLogger();
+    const collector = collectorIn(dir, url, idleController(), { runTimeoutSeconds: 0.2, logger, records: records() });
+    await collector.start();
+    disk.hangSyncs = true;
+    const run = collector.run();
+    expect(await settlesWithin(run, 2_000)).toBe(true);
+    // The last sync of results.jsonl is queued behind the flush's, which never ends: not waited for either.
+    await expect(run).rejects.toMatchObject({ code: "storage_error" });
+    expect(lines.filter((l) => l.startsWith("the final flush of the rollout records did not end within --run-timeout-s"))).toHaveLength(1);
+    expect(collector.summary().records).toMatchObject({ records: 0, unwritten: 1 });
+  });
+
+  it("the tasks file's close hanging: the summary within --run-timeout-s, with a warning, the collection's own outcome unchanged", { timeout: 5_000 }, async () => {
+    const { url } = await rewardingRun();
+    const { logger, lines } = capturingLogger();
+    const text = "{}";
+    const file = {
+      path: join(dir, "tasks.jsonl"),
+      read: async () => Buffer.from(text),
+      close: () => new Promise<never>(() => undefined),
+    } as unknown as TaskFile;
+    const digest = createHash("sha256").update(text).digest("base64");
+    const rows = [{ rolloutId: "a", task: new TaskLineRef(file, 1, 0, 2, digest) }];
+    const collector = collectorIn(dir, url, idleController(), { rows, runTimeoutSeconds: 0.2, logger });
+    await collector.start();
+    const run = collector.run();
+    expect(await settlesWithin(run, 2_000)).toBe(true);
+    expect(await run).toMatchObject({ rows: 1, finished: 1, failed: 0 });
+    expect(lines.filter((l) => l.startsWith("the tasks file's close did not end within --run-timeout-s as the collection ends"))).toHaveLength(1);
   });
 });
