@@ -779,11 +779,15 @@ export class Collector {
     if (!latest || !heldBy(participants, latest)) return undefined;
     const { manifest } = await this.ownOps.resent("start-up get", latest, () => this.options.controller.get(latest));
     if (!manifest.stop) return undefined;
-    const state = await this.collectionStateOf(latest, manifest);
+    const statePath = join(this.options.checkpointDir, latest, COLLECTION_STATE_FILE);
+    const state = await this.collectionStateOf(latest, manifest).catch((error: unknown) => {
+      if (!(error instanceof CheckpointError && error.code === "invalid_checkpoint_state")) throw error;
+      throw damagedParkedStop(latest, statePath, join(this.options.checkpointDir, latest, "checkpoint.json"), error);
+    });
     if (state?.collection && (await sameCollection(fromCollectionFields(state.collection), this.identity))) return state;
     this.options.logger.warn(
       { checkpoint_id: latest, ...(state?.collection && { its_collection: collectionFlags(fromCollectionFields(state.collection)) }) },
-      parkedStopWarning(latest, state, join(this.options.checkpointDir, latest, COLLECTION_STATE_FILE)),
+      parkedStopWarning(latest, state, statePath),
     );
     return undefined;
   }
@@ -2026,6 +2030,25 @@ function parkedStopWarning(id: string, state: CollectionState | undefined, state
         ? `; gym-ckpt retire --episodes ${scope.map(captureKey).join(",")}`
         : `; gym-ckpt retire --episodes @<a JSON array of the ${scope.length} attempts ${statePath} lists under continued and restarted>`;
   return `${parked}, ${whose}; ${left}. If it is this collection's after all (its ${DISPATCH_LOG_FILE} lost), stop this collector and run: gym-ckpt resume ${id}${retire}; then start it again`;
+}
+
+/**
+ * The refusal of a start without dispatched.jsonl whose Gym is parked in published stop checkpoint
+ * `id` with a damaged collection.json (`damage`): whose checkpoint it is, and which attempts it
+ * holds, only that file tells. Taken for this collection's, its resume would let attempts run on
+ * that no retire names; taken for another's, this collection's rows would be sent again from
+ * attempt 0 beside them once anyone resumes it. Neither is guessed: nothing is resumed, retired,
+ * written or sent, and the refusal says what would let a start go on.
+ */
+function damagedParkedStop(id: string, statePath: string, manifestPath: string, damage: CheckpointError): CheckpointError {
+  return new CheckpointError(
+    "invalid_checkpoint_state",
+    `${DISPATCH_LOG_FILE} is not there, and the Gym is parked in published stop checkpoint ${id}, whose ${COLLECTION_STATE_FILE} is damaged (${damage.message}): ` +
+      `whose checkpoint it is, and which attempts it holds, cannot be told, so nothing was resumed, retired or sent. ` +
+      `Put back ${statePath} (or ${DISPATCH_LOG_FILE}) from a copy and start again; or, if the checkpoint is this collection's, run gym-ckpt resume ${id}, ` +
+      `then gym-ckpt retire --episodes with the attempts ${manifestPath} lists under scope and restarts, then start again; if it is another controller's, let that controller stop it first`,
+    { cause: damage },
+  );
 }
 
 function tracer() {

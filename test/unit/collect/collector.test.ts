@@ -2898,6 +2898,39 @@ describe("collector across a coordinator failover (the engine, then its successo
     expect(warning).toContain(`gym-ckpt resume ${checkpointId}; gym-ckpt retire --episodes a;`);
   });
 
+  // Whose the stop checkpoint is, and which attempts it holds, only its collection.json tells.
+  // Guessed as this collection's, a resume would let attempts run on that no retire names; guessed
+  // as another's, a start would send rows again from attempt 0 beside them should anyone resume it.
+  // So the start is refused, saying which file is damaged and what to do; nothing resumed or sent.
+  it.each(["garbled", "missing"])(
+    "a start that lost dispatched.jsonl, the Gym parked in a published stop checkpoint whose collection.json is %s, is refused (invalid_checkpoint_state) naming the file and what to do; nothing resumed or sent",
+    async (damage) => {
+      const w = await failoverWorld();
+      const checkpointId = await stoppedRun(w, { gymKept: true });
+      await rm(join(dir, "dispatched.jsonl"));
+      const statePath = join(dir, checkpointId, "collection.json");
+      if (damage === "garbled") await writeFile(statePath, '{"checkpoint_id": ');
+      else await rm(statePath);
+      const from = w.fake.calls.length;
+      const collector = collectorIn(w);
+      const refusal = await collector.start().then(
+        () => undefined,
+        (error: unknown) => error,
+      );
+      expect(refusal).toMatchObject({ code: "invalid_checkpoint_state" });
+      const message = (refusal as Error).message;
+      expect(message).toContain("dispatched.jsonl is not there");
+      expect(message).toContain(`published stop checkpoint ${checkpointId}`);
+      expect(message).toContain(statePath);
+      expect(message).toContain(`gym-ckpt resume ${checkpointId}`);
+      expect(message).toContain(join(dir, checkpointId, "checkpoint.json"));
+      expect(w.fake.calls.slice(from).filter((c) => c.op === "resume" || c.op === "retire")).toEqual([]);
+      expect([...w.fake.state.values()].some((s) => s.phase !== "idle")).toBe(true);
+      expect(w.arrived).toEqual([]);
+      await expect(readFile(join(dir, "dispatched.jsonl"))).rejects.toMatchObject({ code: "ENOENT" });
+    },
+  );
+
   it("a checkpoint left open whose resume landed just before its coordinator died (reply lost): the successor's not_found means nothing is left open, and the start goes on", async () => {
     const w = await failoverWorld((op, n) => (op === "resume" && n === 1 ? "died-after" : "pass"));
     // A predecessor collector died in its checkpoint's prepare: the checkpoint is open, the Gym parked.
