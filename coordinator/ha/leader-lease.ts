@@ -32,6 +32,16 @@ export interface LeaderLeaseOptions {
    * it: see `campaign`.
    */
   epochFloor?: () => number | Promise<number>;
+  /** Test-only fault injection. */
+  hooks?: LeaderLeaseHooks;
+}
+
+/** Test-only fault injection and observation points of the lease's start-up; unset, each costs one optional call. */
+export interface LeaderLeaseHooks {
+  /** Test-only. Called with the leader bucket's handle before each check that nobody leads, at a shortening of the lease (a test has its reads answered as by a lagging replica). */
+  beforeLeaderCheck?: (kv: KV) => void;
+  /** Test-only. Awaited after each such check found nobody leading (a test has a coordinator win the lease in that gap). */
+  afterNoLeaderFound?: () => Promise<void>;
 }
 
 /**
@@ -90,9 +100,10 @@ export class LeaderLease implements Leadership {
    * could win and serve meanwhile. So it is lowered only while nobody leads (raising is safe).
    */
   private async refuseShorteningUnderLeader(kv: KV, foundTtl: number): Promise<void> {
+    this.options.hooks?.beforeLeaderCheck?.(kv);
     // From the stream's leader: a lagging replica's "nobody leads" would let it shorten under one.
     const held = await readsFromStreamLeader(kv).get(LEADER_KEY);
-    if (held?.operation !== "PUT") return;
+    if (held?.operation !== "PUT") return await this.options.hooks?.afterNoLeaderFound?.();
     throw new CheckpointError(
       "invalid_request",
       `the leader lease of deployment ${this.options.deployment} is ${foundTtl} ms and a coordinator leads with it (${held.string()}); this coordinator's lease_ms ${this.options.leaseMs} would cut it short under that leader. Stop every coordinator of the deployment to lower lease_ms, or start this one with lease_ms ${foundTtl} (raising it needs no stop)`,

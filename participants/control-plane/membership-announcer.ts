@@ -45,6 +45,12 @@ export const BEAT_REQUEST_MIN_TIMEOUT_MS = 1_000;
  */
 export const STOP_DELETE_WAIT_MS = 1_000;
 
+/** Test-only fault injection points of the announcer; unset, each costs one optional call. */
+export interface MembershipAnnouncerHooks {
+  /** Test-only. Called with each members bucket handle the announcer opens, before it is used (a test has its reads answered as by a lagging replica). */
+  onBucketOpened?: (kv: KV) => void;
+}
+
 /**
  * Announces this participant in the deployment's membership registry and keeps the entry fresh.
  * The bucket's max_age (not per-key TTL, which nats-server 2.9 ignores) drops silent members.
@@ -108,6 +114,8 @@ export class MembershipAnnouncer {
     incarnation: string,
     private readonly logger?: Logger,
     private readonly heartbeatMs = MEMBER_HEARTBEAT_MS,
+    /** Test-only fault injection. */
+    private readonly hooks?: MembershipAnnouncerHooks,
   ) {
     // Its bucket's name, its key and the subject it probes.
     parseName(DeploymentSchema, deployment, "a participant's deployment");
@@ -270,6 +278,7 @@ export class MembershipAnnouncer {
     const kv = await new Kvm(timeout === undefined ? this.nc : jetstream(this.nc, { timeout })).create(bucket, { history: 1, ttl: MEMBER_TTL_MS, replicas: kvReplicas(this.nc.info) });
     // Another process may be creating it this moment: its entry is read at the stream's leader next.
     await awaitBucketStore(this.nc, bucket);
+    this.hooks?.onBucketOpened?.(kv);
     return kv;
   }
 

@@ -1,7 +1,7 @@
 import { StorageType, jetstreamManager } from "@nats-io/jetstream";
 import { nanos } from "@nats-io/transport-node";
-import { Kvm } from "@nats-io/kv";
-import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
+import { Kvm, type KV } from "@nats-io/kv";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { KvDecisionJournal } from "../../coordinator/ha/decision-journal.js";
 import { LeaderLease } from "../../coordinator/ha/leader-lease.js";
 import { openBucketAsserted } from "../../coordinator/membership/kv-bucket.js";
@@ -77,16 +77,10 @@ describe("membership registry", () => {
     const leader = new LeaderLease({ nc: world.pnc, deployment, id: "a", leaseMs: 3_000 });
     await leader.start();
     // Every direct get of the next coordinator's bucket handle is answered as by a replica without the key.
-    const create = Kvm.prototype.create;
-    const spy = vi.spyOn(Kvm.prototype, "create").mockImplementation(async function (this: Kvm, ...args: Parameters<Kvm["create"]>) {
-      const kv = await create.apply(this, args);
-      (kv as unknown as { jsm: { direct: { getMessage: () => Promise<null> } } }).jsm.direct.getMessage = async () => null;
-      return kv;
-    });
+    const asLaggingReplica = (kv: KV) => void ((kv as unknown as { jsm: { direct: { getMessage: () => Promise<null> } } }).jsm.direct.getMessage = async () => null);
     try {
-      expect((await refusalOf(new LeaderLease({ nc: world.pnc, deployment, id: "b", leaseMs: 1_000 }).start())).code).toBe("invalid_request");
+      expect((await refusalOf(new LeaderLease({ nc: world.pnc, deployment, id: "b", leaseMs: 1_000, hooks: { beforeLeaderCheck: asLaggingReplica } }).start())).code).toBe("invalid_request");
     } finally {
-      spy.mockRestore();
       await leader.stop();
     }
   });
@@ -98,21 +92,17 @@ describe("membership registry", () => {
     const winner = new LeaderLease({ nc: world.pnc, deployment, id: "a", leaseMs: 3_000 });
     // The winner campaigns right after b found nobody leading, before b's update: it passes its own
     // check of the bucket's lease (still 3000 ms), and would then run under b's 1000 ms.
-    type Guard = { refuseShorteningUnderLeader(kv: unknown, foundTtl: number): Promise<void> };
-    const guard = (LeaderLease.prototype as unknown as Guard).refuseShorteningUnderLeader;
     let checks = 0;
-    const spy = vi.spyOn(LeaderLease.prototype as unknown as Guard, "refuseShorteningUnderLeader").mockImplementation(async function (this: Guard, kv, foundTtl) {
-      await guard.call(this, kv, foundTtl);
+    const winAfterFirstCheck = async () => {
       if (checks++ === 0) await winner.start();
-    });
+    };
     try {
-      const shorter = await refusalOf(new LeaderLease({ nc: world.pnc, deployment, id: "b", leaseMs: 1_000 }).start());
+      const shorter = await refusalOf(new LeaderLease({ nc: world.pnc, deployment, id: "b", leaseMs: 1_000, hooks: { afterNoLeaderFound: winAfterFirstCheck } }).start());
       expect(shorter.message).toMatch(/is 3000 ms and a coordinator leads with it.*lease_ms 1000/);
       expect(winner.state().leader).toBe(true);
       // Before: b started, and the winner's key expired 1000 ms after each renewal, sent every 1000 ms.
       expect(await ttl()).toBe(3_000);
     } finally {
-      spy.mockRestore();
       await winner.stop();
     }
   });

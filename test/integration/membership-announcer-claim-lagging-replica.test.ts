@@ -1,5 +1,5 @@
-import { Kvm } from "@nats-io/kv";
-import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
+import { Kvm, type KV } from "@nats-io/kv";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { MembershipAnnouncer } from "../../participants/control-plane/membership-announcer.js";
 import { memberKey, membersBucket } from "../../protocol/index.js";
 import { startNats, type NatsFixture } from "../support/nats.js";
@@ -26,19 +26,10 @@ describe("membership claim with a lagging replica", () => {
     const now = Date.now() / 1000;
     await kv.put(memberKey("agent", "agent"), JSON.stringify({ kind: "agent", instance: "agent", incarnation: "inc-old", started_at: now, heartbeat_at: now, protocol_version: 1 }));
     // Every direct get of the restart's bucket handle is answered as by a replica without the entry.
-    const create = Kvm.prototype.create;
-    const spy = vi.spyOn(Kvm.prototype, "create").mockImplementation(async function (this: Kvm, ...args: Parameters<Kvm["create"]>) {
-      const bucket = await create.apply(this, args);
-      (bucket as unknown as { jsm: { direct: { getMessage: () => Promise<null> } } }).jsm.direct.getMessage = async () => null;
-      return bucket;
-    });
-    const restart = new MembershipAnnouncer(await nats.connect(), deployment, "agent", "agent", "inc-new");
-    try {
-      await restart.claim();
-      await restart.start();
-    } finally {
-      spy.mockRestore();
-    }
+    const asLaggingReplica = (bucket: KV) => void ((bucket as unknown as { jsm: { direct: { getMessage: () => Promise<null> } } }).jsm.direct.getMessage = async () => null);
+    const restart = new MembershipAnnouncer(await nats.connect(), deployment, "agent", "agent", "inc-new", undefined, undefined, { onBucketOpened: asLaggingReplica });
+    await restart.claim();
+    await restart.start();
     const entry = await kv.get(memberKey("agent", "agent"));
     expect((entry!.json() as { incarnation: string }).incarnation).toBe("inc-new");
     await restart.stop();
