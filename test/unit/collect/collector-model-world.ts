@@ -9,7 +9,7 @@ import { DISPATCH_LOG_FILE, DispatchLog } from "../../../coordinator/collect/dis
 import { ProgressReporter, type ProgressSnapshot } from "../../../coordinator/collect/progress-reporter.js";
 import { ResultLineSchema } from "../../../coordinator/collect/results-file.js";
 import { participantFailurePrefix } from "../../../coordinator/engine/participant-client.js";
-import { CheckpointError, ROLLOUTS_DIR, TRAJECTORY_HEADER, captureKey, rolloutRecordFileName, type EpisodeId, type ErrorCode } from "../../../protocol/index.js";
+import { CheckpointError, finishedWithin, ROLLOUTS_DIR, TRAJECTORY_HEADER, captureKey, rolloutRecordFileName, type EpisodeId, type ErrorCode } from "../../../protocol/index.js";
 import { InvariantViolation, type ModelRunWorld } from "../../support/seeded-model-run.js";
 
 /**
@@ -154,6 +154,15 @@ export class CollectorWorld implements ModelRunWorld {
   private inc = 0;
   private collector: Collector | undefined;
   private running: Promise<void> | undefined;
+  /** Every collector's run(), settled or not: close() waits for them all. */
+  private readonly runs = new Map<number, Promise<unknown>>();
+  /**
+   * What a dead collector's op waits on: no answer while the world runs; refused once it closes, as
+   * the process's closing NATS connection would refuse it, so that collector's run() ends and lets go
+   * of what it holds in this worker (a `connect` listener on the process-wide HTTP dispatcher).
+   */
+  private readonly deadConnection: Promise<never>;
+  private closeDeadConnection!: () => void;
   private ended = false;
   private snapshot: (() => ProgressSnapshot) | undefined;
   private readonly dead = new Set<number>();
@@ -231,6 +240,8 @@ export class CollectorWorld implements ModelRunWorld {
     this.every = random() < 0.3 ? 0.03 + random() * 0.1 : undefined;
     this.records = random() < 0.4 ? { everyRows: 1 + Math.floor(random() * 3), everySeconds: 0.02 + random() * 0.1 } : undefined;
     const records = this.records ? ` records_every_rows=${this.records.everyRows} records_every_s=${this.records.everySeconds.toFixed(3)}` : "";
+    this.deadConnection = new Promise<never>((_, reject) => (this.closeDeadConnection = () => reject(new CheckpointError("not_leader", "the controller's NATS connection is closed: the collector is dead"))));
+    this.deadConnection.catch(() => undefined); // refused with no op waiting: nothing to report
     this.steps.push(`world: rows=${n} concurrency=${this.concurrency} max_attempts=${this.maxAttempts}${this.every ? ` checkpoint_every=${this.every.toFixed(3)}` : ""}${records}`);
   }
 
@@ -286,6 +297,11 @@ export class CollectorWorld implements ModelRunWorld {
       server.closeAllConnections();
       await new Promise<void>((resolve) => server.close(() => resolve()));
     }
+    this.closeDeadConnection();
+    const unended = new Set(this.runs.keys());
+    for (const [inc, run] of this.runs) void run.then(() => unended.delete(inc));
+    // Left running, a collector would hold its `connect` listener on the process-wide dispatcher for the worker's later seeds.
+    if (!(await finishedWithin(Promise.all(this.runs.values()), SETTLE_MS))) throw new Error(`the run() of collector(s) ${[...unended].join(", ")} did not end once the world closed`);
   }
 
   private async listen(port: number): Promise<void> {
@@ -566,7 +582,7 @@ export class CollectorWorld implements ModelRunWorld {
     // A dead collector sends nothing: whatever it still tries never arrives.
     // A crash armed at an op (crashAt) kills it there, before the op reaches the coordinator or
     // once it took effect there (its reply lost with the process).
-    const never = new Promise<never>(() => undefined);
+    const never = this.deadConnection;
     return new Proxy({} as CollectorController, {
       get: (_t, op) => async (req: never) => {
         if (this.dead.has(inc)) return never;
@@ -776,7 +792,9 @@ export class CollectorWorld implements ModelRunWorld {
     }
     this.orphans = [];
     this.rowsAtStart = (await this.readOut()).size;
-    this.running = collector.run().then(
+    const run = collector.run();
+    this.runs.set(inc, run.catch(() => undefined));
+    this.running = run.then(
       (summary) => {
         if (this.inc === inc) this.ended = true;
         this.log(inc, `run ended: ${JSON.stringify({ finished: summary.finished, failed: summary.failed, stopped: summary.stopped })}`);
