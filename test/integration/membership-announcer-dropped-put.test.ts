@@ -98,9 +98,9 @@ describe("stop() whose delete a beat overtook, on a slow NATS", () => {
       const startedAt = Date.now();
       const stopping = announcer.stop();
       await waitUntil(() => requests.some((r) => r.subject === keySubject && r.op === "DEL"), "stop()'s delete, held behind the beat");
-      // 400 ms later the held bytes arrive: the beat lands first and the delete is refused; what
-      // the process sends next (the entry read again) is held once more.
-      await new Promise((resolve) => setTimeout(resolve, 400));
+      // The held bytes arrive: the beat lands first and the delete is refused; what the process
+      // sends next (the entry read again) is held once more. That read is sent after stop() began:
+      // given a whole STOP_DELETE_WAIT_MS of its own, it would still wait when stop() returned.
       proxy.heal();
       proxy.stall();
       await stopping;
