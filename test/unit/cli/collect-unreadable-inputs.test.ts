@@ -13,13 +13,14 @@ import { register } from "../../../coordinator/cli/commands/collect.js";
 // stat of a path in `fault.paths` (mkdir of one in `fault.mkdirPaths`) fails with `fault.code` (tests run as root: permissions cannot).
 const fault = vi.hoisted(() => ({ paths: [] as string[], mkdirPaths: [] as string[], code: "EIO" }));
 vi.mock("node:fs/promises", async (importOriginal) => {
+  const { withOverrides } = await import("../../support/fs-mock.js");
   const actual = await importOriginal<typeof fsPromises>();
   const failure = (syscall: string, path: unknown) => Object.assign(new Error(`${fault.code}: failed, ${syscall} '${String(path)}'`), { code: fault.code, syscall, path });
   const stat = ((path: string, options?: Parameters<typeof actual.stat>[1]) =>
     fault.paths.includes(String(path)) ? Promise.reject(failure("stat", path)) : actual.stat(path, options)) as typeof actual.stat;
   const mkdir = ((path: string, options?: Parameters<typeof actual.mkdir>[1]) =>
     fault.mkdirPaths.includes(String(path)) ? Promise.reject(failure("mkdir", path)) : actual.mkdir(path, options)) as typeof actual.mkdir;
-  return { ...actual, default: { ...actual, stat, mkdir }, stat, mkdir };
+  return withOverrides(actual, { stat, mkdir });
 });
 
 let dir: string;

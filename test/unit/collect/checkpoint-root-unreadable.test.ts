@@ -10,14 +10,14 @@ import { CheckpointError, toCheckpointError } from "../../../protocol/index.js";
 // denies): root passes any permission check, so `stat` is wrapped.
 let failStat: string | undefined;
 vi.mock("node:fs/promises", async (importOriginal) => {
+  const { withOverrides } = await import("../../support/fs-mock.js");
   const actual = await importOriginal<typeof fsPromises>();
-  return {
-    ...actual,
+  return withOverrides(actual, {
     stat: (path: string, options?: Parameters<typeof actual.stat>[1]) =>
       failStat !== undefined
         ? Promise.reject(Object.assign(new Error(`${failStat}: failed, stat '${path}'`), { code: failStat, syscall: "stat", path }))
         : actual.stat(path, options),
-  };
+  });
 });
 
 let root: string;

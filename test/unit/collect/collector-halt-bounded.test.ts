@@ -25,6 +25,7 @@ import { waitUntil } from "../../support/wait-until.js";
 const disk = vi.hoisted(() => ({ hangAppends: false, appending: 0, hangSyncs: false, syncing: 0, failAppendOf: "", holdAppends: undefined as Promise<void> | undefined }));
 
 vi.mock("node:fs/promises", async (importOriginal) => {
+  const { handleWith, withOverrides } = await import("../../support/fs-mock.js");
   const real = await importOriginal<typeof import("node:fs/promises")>();
   const never = new Promise<never>(() => undefined);
   const appendFile: typeof real.appendFile = async (path, data, options) => {
@@ -47,20 +48,15 @@ vi.mock("node:fs/promises", async (importOriginal) => {
   const open: typeof real.open = async (path, flags, mode) => {
     const handle = await real.open(path, flags, mode);
     if (!String(path).endsWith("results.jsonl")) return handle;
-    return new Proxy(handle, {
-      get(target, prop) {
-        const value = Reflect.get(target, prop) as unknown;
-        if (typeof value !== "function") return value;
-        const bound = (value as (...args: unknown[]) => unknown).bind(target);
-        if (prop !== "datasync" || !disk.hangSyncs) return bound;
-        return () => {
-          disk.syncing++;
-          return never;
-        };
+    return handleWith(handle, {
+      datasync: () => {
+        if (!disk.hangSyncs) return handle.datasync();
+        disk.syncing++;
+        return never;
       },
     });
   };
-  return { ...real, default: { ...real, appendFile, open }, appendFile, open };
+  return withOverrides(real, { appendFile, open });
 });
 
 let dir: string;

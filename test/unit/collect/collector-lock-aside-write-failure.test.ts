@@ -10,15 +10,15 @@ import { toCheckpointError } from "../../../protocol/index.js";
 // exclusive open created the file (a full disk) must not leave that aside file in the checkpoint root.
 let failWrite = false;
 vi.mock("node:fs/promises", async (importOriginal) => {
+  const { withOverrides } = await import("../../support/fs-mock.js");
   const actual = await importOriginal<typeof fsPromises>();
-  return {
-    ...actual,
+  return withOverrides(actual, {
     writeFile: async (...args: Parameters<typeof actual.writeFile>) => {
       if (!failWrite) return actual.writeFile(...args);
       await actual.writeFile(args[0], "", args[2]); // the open (wx) created it; the data did not fit
       throw Object.assign(new Error(`ENOSPC: no space left on device, write`), { code: "ENOSPC", syscall: "write" });
     },
-  };
+  });
 });
 
 let dir: string;

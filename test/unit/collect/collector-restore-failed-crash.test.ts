@@ -18,26 +18,20 @@ import { collectorIn, idleController } from "../../support/collector-fixture.js"
 const crash = vi.hoisted(() => ({ under: undefined as string | undefined }));
 
 vi.mock("node:fs/promises", async (importOriginal) => {
+  const { handleWith, withOverrides } = await import("../../support/fs-mock.js");
   const real = await importOriginal<typeof import("node:fs/promises")>();
   const armed = (path: unknown) => crash.under !== undefined && String(path).startsWith(crash.under);
   const half = (data: unknown) => (typeof data === "string" ? data.slice(0, data.length / 2) : (data as Uint8Array).subarray(0, (data as Uint8Array).byteLength / 2));
   const open: typeof real.open = async (path, flags, mode) => {
     const handle = await real.open(path, flags, mode);
     if (!armed(path)) return handle;
-    return new Proxy(handle, {
-      get(target, prop) {
-        if (prop === "writeFile" || prop === "appendFile") {
-          return async (data: string | Uint8Array) => {
-            await target[prop](half(data) as string);
-            throw new Error("simulated crash mid-write");
-          };
-        }
-        const value = Reflect.get(target, prop) as unknown;
-        return typeof value === "function" ? (value as (...args: unknown[]) => unknown).bind(target) : value;
-      },
-    });
+    const crashing = (write: (data: string) => Promise<void>) => async (data: string | Uint8Array) => {
+      await write(half(data) as string);
+      throw new Error("simulated crash mid-write");
+    };
+    return handleWith(handle, { writeFile: crashing((data) => handle.writeFile(data)), appendFile: crashing((data) => handle.appendFile(data)) });
   };
-  return { ...real, default: { ...real, open }, open };
+  return withOverrides(real, { open });
 });
 
 let dir: string;

@@ -12,31 +12,27 @@ import { DispatchLog } from "../../../coordinator/collect/dispatch-log.js";
 const fault = vi.hoisted(() => ({ log: undefined as string | undefined, failAppends: 0, failTruncates: 0 }));
 
 vi.mock("node:fs/promises", async (importOriginal) => {
+  const { handleWith, withOverrides } = await import("../../support/fs-mock.js");
   const real = await importOriginal<typeof import("node:fs/promises")>();
   const open: typeof real.open = async (path, flags, mode) => {
     const handle = await real.open(path, flags, mode);
     if (String(path) !== fault.log) return handle;
-    return new Proxy(handle, {
-      get(target, prop) {
-        if (prop === "appendFile" && fault.failAppends > 0) {
-          return async (data: string) => {
-            fault.failAppends--;
-            await target.appendFile(data.slice(0, data.length >> 1));
-            throw Object.assign(new Error("ENOSPC: no space left on device, write"), { code: "ENOSPC", syscall: "write" });
-          };
-        }
-        if (prop === "truncate" && fault.failTruncates > 0) {
-          return async () => {
-            fault.failTruncates--;
-            throw Object.assign(new Error("EIO: i/o error, ftruncate"), { code: "EIO", syscall: "ftruncate" });
-          };
-        }
-        const value = Reflect.get(target, prop) as unknown;
-        return typeof value === "function" ? (value as (...args: unknown[]) => unknown).bind(target) : value;
+    return handleWith(handle, {
+      appendFile: async (...args: Parameters<typeof handle.appendFile>) => {
+        if (fault.failAppends <= 0) return handle.appendFile(...args);
+        fault.failAppends--;
+        const data = String(args[0]);
+        await handle.appendFile(data.slice(0, data.length >> 1));
+        throw Object.assign(new Error("ENOSPC: no space left on device, write"), { code: "ENOSPC", syscall: "write" });
+      },
+      truncate: async (len?: number) => {
+        if (fault.failTruncates <= 0) return handle.truncate(len);
+        fault.failTruncates--;
+        throw Object.assign(new Error("EIO: i/o error, ftruncate"), { code: "EIO", syscall: "ftruncate" });
       },
     });
   };
-  return { ...real, default: { ...real, open }, open };
+  return withOverrides(real, { open });
 });
 
 let dir: string;

@@ -11,6 +11,7 @@ import { DispatchLog } from "../../../coordinator/collect/dispatch-log.js";
 const crash = vi.hoisted(() => ({ under: undefined as string | undefined }));
 
 vi.mock("node:fs/promises", async (importOriginal) => {
+  const { handleWith, withOverrides } = await import("../../support/fs-mock.js");
   const real = await importOriginal<typeof import("node:fs/promises")>();
   const armed = (path: unknown) => crash.under !== undefined && String(path).startsWith(crash.under);
   const half = (data: unknown) => (typeof data === "string" ? data.slice(0, data.length / 2) : (data as Uint8Array).subarray(0, (data as Uint8Array).byteLength / 2));
@@ -22,20 +23,14 @@ vi.mock("node:fs/promises", async (importOriginal) => {
   const open: typeof real.open = async (path, flags, mode) => {
     const handle = await real.open(path, flags, mode);
     if (!armed(path)) return handle;
-    return new Proxy(handle, {
-      get(target, prop) {
-        if (prop === "writeFile") {
-          return async (data: string | Uint8Array) => {
-            await target.writeFile(half(data) as string);
-            throw new Error("simulated crash mid-write");
-          };
-        }
-        const value = Reflect.get(target, prop) as unknown;
-        return typeof value === "function" ? (value as (...args: unknown[]) => unknown).bind(target) : value;
+    return handleWith(handle, {
+      writeFile: async (data: string | Uint8Array) => {
+        await handle.writeFile(half(data) as string);
+        throw new Error("simulated crash mid-write");
       },
     });
   };
-  return { ...real, default: { ...real, writeFile, open }, writeFile, open };
+  return withOverrides(real, { writeFile, open });
 });
 
 let dir: string;

@@ -16,27 +16,21 @@ import { DispatchLog } from "../../../coordinator/collect/dispatch-log.js";
 const disk = vi.hoisted(() => ({ log: undefined as string | undefined, durable: "", syncs: 0 }));
 
 vi.mock("node:fs/promises", async (importOriginal) => {
+  const { handleWith, withOverrides } = await import("../../support/fs-mock.js");
   const real = await importOriginal<typeof import("node:fs/promises")>();
   const open: typeof real.open = async (path, flags, mode) => {
     const handle = await real.open(path, flags, mode);
     if (String(path) !== disk.log) return handle;
-    return new Proxy(handle, {
-      get(target, prop) {
-        if (prop === "datasync" || prop === "sync") {
-          return async () => {
-            const synced = readFileSync(disk.log!, "utf8");
-            await new Promise((resolve) => setTimeout(resolve, 20));
-            await target[prop]();
-            disk.syncs++;
-            disk.durable = synced;
-          };
-        }
-        const value = Reflect.get(target, prop) as unknown;
-        return typeof value === "function" ? (value as (...args: unknown[]) => unknown).bind(target) : value;
-      },
-    });
+    const recorded = (sync: () => Promise<void>) => async () => {
+      const synced = readFileSync(disk.log!, "utf8");
+      await new Promise((resolve) => setTimeout(resolve, 20));
+      await sync();
+      disk.syncs++;
+      disk.durable = synced;
+    };
+    return handleWith(handle, { datasync: recorded(() => handle.datasync()), sync: recorded(() => handle.sync()) });
   };
-  return { ...real, default: { ...real, open }, open };
+  return withOverrides(real, { open });
 });
 
 let dir: string;

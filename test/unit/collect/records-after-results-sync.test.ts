@@ -14,22 +14,16 @@ import { collectorIn, idleController } from "../../support/collector-fixture.js"
 const events = vi.hoisted(() => [] as string[]);
 
 vi.mock("node:fs/promises", async (importOriginal) => {
+  const { handleWith, withOverrides } = await import("../../support/fs-mock.js");
   const real = await importOriginal<typeof import("node:fs/promises")>();
   const open: typeof real.open = async (path, flags, mode) => {
     const handle = await real.open(path, flags, mode);
     const name = basename(String(path));
-    return new Proxy(handle, {
-      get(target, prop) {
-        const value = Reflect.get(target, prop) as unknown;
-        if (typeof value !== "function") return value;
-        const bound = (value as (...args: unknown[]) => unknown).bind(target);
-        if (prop !== "sync" && prop !== "datasync") return bound;
-        return async () => {
-          await bound();
-          events.push(`sync ${name}`);
-        };
-      },
-    });
+    const synced = (sync: () => Promise<void>) => async () => {
+      await sync();
+      events.push(`sync ${name}`);
+    };
+    return handleWith(handle, { sync: synced(() => handle.sync()), datasync: synced(() => handle.datasync()) });
   };
   const link: typeof real.link = async (existing, target) => {
     await real.link(existing, target);
@@ -39,7 +33,7 @@ vi.mock("node:fs/promises", async (importOriginal) => {
     await real.appendFile(path, data, options);
     events.push(`append ${basename(String(path))}`);
   };
-  return { ...real, default: { ...real, open, link, appendFile }, open, link, appendFile };
+  return withOverrides(real, { open, link, appendFile });
 });
 
 let dir: string;

@@ -10,6 +10,7 @@ import { appendResult, readResultsForAppend } from "../../../coordinator/collect
 let failLongAppend = false;
 let failTruncates = 0;
 vi.mock("node:fs/promises", async (importOriginal) => {
+  const { withOverrides } = await import("../../support/fs-mock.js");
   const actual = await importOriginal<typeof fsPromises>();
   const appendFile = (async (path: string, data: string) => {
     if (failLongAppend && data.length > 1000) {
@@ -25,7 +26,7 @@ vi.mock("node:fs/promises", async (importOriginal) => {
     }
     return actual.truncate(path, len);
   }) as typeof actual.truncate;
-  return { ...actual, default: { ...actual, appendFile, truncate }, appendFile, truncate };
+  return withOverrides(actual, { appendFile, truncate });
 });
 
 let dir: string;

@@ -9,6 +9,7 @@ import { appendResult, readResultsForAppend } from "../../../coordinator/collect
 // `failLongAppend` is set: the real file gets the first half of the text, then the call rejects.
 let failLongAppend = false;
 vi.mock("node:fs/promises", async (importOriginal) => {
+  const { withOverrides } = await import("../../support/fs-mock.js");
   const actual = await importOriginal<typeof fsPromises>();
   const appendFile = (async (path: string, data: string) => {
     if (failLongAppend && data.length > 1000) {
@@ -17,7 +18,7 @@ vi.mock("node:fs/promises", async (importOriginal) => {
     }
     return actual.appendFile(path, data);
   }) as typeof actual.appendFile;
-  return { ...actual, default: { ...actual, appendFile }, appendFile };
+  return withOverrides(actual, { appendFile });
 });
 
 let dir: string;

@@ -20,6 +20,7 @@ import { TaskLineRef } from "../../../coordinator/collect/task-rows.js";
 const disk = vi.hoisted(() => ({ failSyncs: 0, syncs: 0, failAt: 0, failTruncate: false, dir: "", dirSyncs: 0, hangAt: 0, hang: Promise.resolve() }));
 
 vi.mock("node:fs/promises", async (importOriginal) => {
+  const { handleWith, withOverrides } = await import("../../support/fs-mock.js");
   const real = await importOriginal<typeof import("node:fs/promises")>();
   const open: typeof real.open = async (path, flags, mode) => {
     const handle = await real.open(path, flags, mode);
@@ -32,26 +33,22 @@ vi.mock("node:fs/promises", async (importOriginal) => {
       return handle;
     }
     if (!String(path).endsWith("results.jsonl")) return handle;
-    return new Proxy(handle, {
-      get(target, prop) {
-        const value = Reflect.get(target, prop) as unknown;
-        if (typeof value !== "function") return value;
-        const bound = (value as (...args: unknown[]) => unknown).bind(target);
-        if (prop === "truncate" && disk.failTruncate) return async () => Promise.reject(Object.assign(new Error("EIO: i/o error, ftruncate"), { code: "EIO", syscall: "ftruncate" }));
-        if (prop !== "datasync" && prop !== "sync") return bound;
-        return async () => {
-          disk.syncs++;
-          if (disk.syncs === disk.hangAt) await disk.hang; // a mount that stops answering
-          if (disk.failSyncs > 0 || disk.syncs === disk.failAt) {
-            if (disk.failSyncs > 0) disk.failSyncs--;
-            throw Object.assign(new Error("EIO: i/o error, fdatasync"), { code: "EIO", syscall: "fdatasync" });
-          }
-          await bound();
-        };
-      },
+    const faultySync = (sync: () => Promise<void>) => async () => {
+      disk.syncs++;
+      if (disk.syncs === disk.hangAt) await disk.hang; // a mount that stops answering
+      if (disk.failSyncs > 0 || disk.syncs === disk.failAt) {
+        if (disk.failSyncs > 0) disk.failSyncs--;
+        throw Object.assign(new Error("EIO: i/o error, fdatasync"), { code: "EIO", syscall: "fdatasync" });
+      }
+      await sync();
+    };
+    return handleWith(handle, {
+      truncate: async (len?: number) => (disk.failTruncate ? Promise.reject(Object.assign(new Error("EIO: i/o error, ftruncate"), { code: "EIO", syscall: "ftruncate" })) : handle.truncate(len)),
+      datasync: faultySync(() => handle.datasync()),
+      sync: faultySync(() => handle.sync()),
     });
   };
-  return { ...real, default: { ...real, open }, open };
+  return withOverrides(real, { open });
 });
 
 let dir: string;

@@ -14,13 +14,14 @@ import { toCheckpointError } from "../../../protocol/index.js";
 const huge = vi.hoisted(() => ({ under: undefined as string | undefined }));
 
 vi.mock("node:fs/promises", async (importOriginal) => {
+  const { withOverrides } = await import("../../support/fs-mock.js");
   const real = await importOriginal<typeof import("node:fs/promises")>();
   const tooLong = () => Object.assign(new Error("Cannot create a string longer than 0x1fffffe8 characters"), { code: "ERR_STRING_TOO_LONG" });
   const readFile = (async (path: Parameters<typeof real.readFile>[0], options?: Parameters<typeof real.readFile>[1]) => {
     if (huge.under !== undefined && String(path).startsWith(huge.under)) throw tooLong();
     return real.readFile(path, options);
   }) as typeof real.readFile;
-  return { ...real, default: { ...real, readFile }, readFile };
+  return withOverrides(real, { readFile });
 });
 
 let dir: string;

@@ -18,9 +18,9 @@ const gate = vi.hoisted(() => {
 const natsStarts = vi.hoisted(() => ({ count: 0 }));
 
 vi.mock("node:fs/promises", async (importOriginal) => {
+  const { withOverrides } = await import("../../support/fs-mock.js");
   const real = await importOriginal<typeof import("node:fs/promises")>();
-  return {
-    ...real,
+  return withOverrides(real, {
     // The run's first step, mkdir of <work>/checkpoints, is held until the test releases it.
     mkdir: async (...args: Parameters<typeof real.mkdir>) => {
       const made = await real.mkdir(...args);
@@ -30,7 +30,7 @@ vi.mock("node:fs/promises", async (importOriginal) => {
       }
       return made;
     },
-  };
+  });
 });
 vi.mock("../../../coordinator/local/nats-server-process.js", () => ({
   NatsServerProcess: {

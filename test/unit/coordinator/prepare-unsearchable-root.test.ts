@@ -9,6 +9,7 @@ import { makeEngine, writers } from "./fake-participants.js";
 // in its group): every stat under it fails EACCES. Root searches anything, so `statSync` is wrapped.
 let unsearchable: string | undefined;
 vi.mock("node:fs", async (importOriginal) => {
+  const { withOverrides } = await import("../../support/fs-mock.js");
   const actual = await importOriginal<typeof import("node:fs")>();
   const statSync = ((path: string, options?: Parameters<typeof actual.statSync>[1]) => {
     if (unsearchable !== undefined && String(path).startsWith(`${unsearchable}/`)) {
@@ -16,7 +17,7 @@ vi.mock("node:fs", async (importOriginal) => {
     }
     return actual.statSync(path, options);
   }) as typeof actual.statSync;
-  return { ...actual, default: { ...actual, statSync }, statSync };
+  return withOverrides(actual, { statSync });
 });
 
 let root: string;

@@ -32,14 +32,16 @@ const disk = vi.hoisted(() => ({
   manifestFds: new Set<number>(),
 }));
 vi.mock("node:fs/promises", async (importOriginal) => {
+  const { withOverrides } = await import("../../support/fs-mock.js");
   const real = await importOriginal<typeof import("node:fs/promises")>();
   const rm = (async (...args: Parameters<typeof real.rm>) => {
     if (disk.rmFails !== undefined && String(args[0]) === disk.rmFails) throw Object.assign(new Error(`EIO: i/o error, unlink '${String(args[0])}'`), { code: "EIO", syscall: "unlink" });
     return real.rm(...args);
   }) as typeof real.rm;
-  return { ...real, default: { ...real, rm }, rm };
+  return withOverrides(real, { rm });
 });
 vi.mock("node:fs", async (importOriginal) => {
+  const { withOverrides } = await import("../../support/fs-mock.js");
   const real = await importOriginal<typeof import("node:fs")>();
   const writeSync = ((...args: Parameters<typeof real.writeSync>) => {
     if (!disk.full || !disk.manifestFds.has(args[0])) return (real.writeSync as (...a: unknown[]) => number)(...args);
@@ -69,7 +71,7 @@ vi.mock("node:fs", async (importOriginal) => {
     if (String(to).endsWith("/LATEST")) disk.latestLinksAtRename.push(real.existsSync(to) ? real.statSync(to).nlink : 0);
     return real.renameSync(from, to);
   }) as typeof real.renameSync;
-  return { ...real, default: { ...real, writeSync, statSync, openSync, closeSync, renameSync }, writeSync, statSync, openSync, closeSync, renameSync };
+  return withOverrides(real, { writeSync, statSync, openSync, closeSync, renameSync });
 });
 
 vi.mock("../../../coordinator/publication/durable-fs.js", async (importOriginal) => {

@@ -11,24 +11,25 @@ import { writeParticipant } from "./fake-participants.js";
 // read-only remount); as root in CI a permission trick would not fail, so `rm` is wrapped.
 let failRemoval = false;
 vi.mock("node:fs/promises", async (importOriginal) => {
+  const { withOverrides } = await import("../../support/fs-mock.js");
   const actual = await importOriginal<typeof fsPromises>();
-  return {
-    ...actual,
+  return withOverrides(actual, {
     rm: (path: string, options?: Parameters<typeof actual.rm>[1]) =>
       failRemoval && String(path).includes(".trash-") ? Promise.reject(Object.assign(new Error(`EIO: i/o error, rm '${path}'`), { code: "EIO" })) : actual.rm(path, options),
-  };
+  });
 });
 
 // Renaming one checkpoint's directory away fails while `failRename` names it (a mount point there,
 // EBUSY; an immutable directory, EPERM): root renames anything, so `renameSync` is wrapped.
 let failRename: string | undefined;
 vi.mock("node:fs", async (importOriginal) => {
+  const { withOverrides } = await import("../../support/fs-mock.js");
   const actual = await importOriginal<typeof import("node:fs")>();
   const renameSync = ((from: string, to: string) => {
     if (failRename !== undefined && String(from).endsWith(`/${failRename}`)) throw Object.assign(new Error(`EBUSY: resource busy or locked, rename '${from}'`), { code: "EBUSY", syscall: "rename" });
     actual.renameSync(from, to);
   }) as typeof actual.renameSync;
-  return { ...actual, default: { ...actual, renameSync }, renameSync };
+  return withOverrides(actual, { renameSync });
 });
 
 let root: string;

@@ -14,6 +14,7 @@ import { deferred } from "../../support/deferred.js";
 // one held when the sweep is queued behind the publication's background work (a loaded machine).
 const sweep = vi.hoisted(() => ({ held: undefined as string | undefined, release: Promise.resolve(), reached: () => {} }));
 vi.mock("node:fs/promises", async (importOriginal) => {
+  const { withOverrides } = await import("../../support/fs-mock.js");
   const real = await importOriginal<typeof import("node:fs/promises")>();
   const readdir = (async (...args: Parameters<typeof real.readdir>) => {
     if (sweep.held !== undefined && String(args[0]) === sweep.held) {
@@ -23,7 +24,7 @@ vi.mock("node:fs/promises", async (importOriginal) => {
     }
     return (real.readdir as (...a: unknown[]) => unknown)(...args);
   }) as typeof real.readdir;
-  return { ...real, default: { ...real, readdir }, readdir };
+  return withOverrides(real, { readdir });
 });
 
 let root: string;

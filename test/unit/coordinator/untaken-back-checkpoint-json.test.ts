@@ -38,20 +38,22 @@ vi.mock("../../../coordinator/publication/durable-fs.js", async (importOriginal)
   };
 });
 vi.mock("node:fs/promises", async (importOriginal) => {
+  const { withOverrides } = await import("../../support/fs-mock.js");
   const real = await importOriginal<typeof import("node:fs/promises")>();
   const rm = (async (...args: Parameters<typeof real.rm>) => {
     if (faults.on && String(args[0]) === join(faults.dir, "checkpoint.json")) throw eio(`unlink '${String(args[0])}'`);
     return real.rm(...args);
   }) as typeof real.rm;
-  return { ...real, default: { ...real, rm }, rm };
+  return withOverrides(real, { rm });
 });
 vi.mock("node:fs", async (importOriginal) => {
+  const { withOverrides } = await import("../../support/fs-mock.js");
   const real = await importOriginal<typeof import("node:fs")>();
   const renameSync = ((from: string, to: string) => {
     if (faults.on && String(from) === faults.dir) throw eio(`rename '${from}'`);
     return real.renameSync(from, to);
   }) as typeof real.renameSync;
-  return { ...real, default: { ...real, renameSync }, renameSync };
+  return withOverrides(real, { renameSync });
 });
 
 let root: string;

@@ -12,9 +12,9 @@ import { waitUntil } from "../../support/wait-until.js";
 // `fails` makes its first unlink fail (EIO) once released; later ones go through.
 let gate: { key: string; reached: boolean; open: Promise<void>; release: () => void; fails: boolean; failed: boolean } | undefined;
 vi.mock("node:fs/promises", async (importOriginal) => {
+  const { withOverrides } = await import("../../support/fs-mock.js");
   const actual = await importOriginal<typeof fsPromises>();
-  return {
-    ...actual,
+  return withOverrides(actual, {
     unlink: async (path: Parameters<typeof actual.unlink>[0]) => {
       if (gate && !gate.failed && String(path).endsWith(`/${gate.key}.lineage.jsonl`)) {
         gate.reached = true;
@@ -26,7 +26,7 @@ vi.mock("node:fs/promises", async (importOriginal) => {
       }
       return actual.unlink(path);
     },
-  };
+  });
 });
 
 function gateUnlinkOf(key: string, fails = false): NonNullable<typeof gate> {

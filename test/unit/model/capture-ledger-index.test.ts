@@ -9,8 +9,9 @@ import { ep } from "../../support/episode.js";
 
 // Counts directory listings: a rollout's keys come from an in-memory index, not from readdir.
 vi.mock("node:fs/promises", async (original) => {
+  const { withOverrides } = await import("../../support/fs-mock.js");
   const actual = await original<typeof import("node:fs/promises")>();
-  return { ...actual, readdir: vi.fn(actual.readdir) };
+  return withOverrides(actual, { readdir: vi.fn(actual.readdir) });
 });
 const readdir = vi.mocked(fsPromises.readdir);
 

@@ -10,9 +10,9 @@ import { ep } from "../../support/episode.js";
 // What reached the file system, in order: unlinks of ledger files and fsyncs of directories.
 const events: string[] = [];
 vi.mock("node:fs/promises", async (importOriginal) => {
+  const { handleWith, withOverrides } = await import("../../support/fs-mock.js");
   const actual = await importOriginal<typeof fsPromises>();
-  return {
-    ...actual,
+  return withOverrides(actual, {
     unlink: async (...args: Parameters<typeof actual.unlink>) => {
       await actual.unlink(...args);
       if (String(args[0]).endsWith(".lineage.jsonl")) events.push(`unlink ${String(args[0])}`);
@@ -24,9 +24,9 @@ vi.mock("node:fs/promises", async (importOriginal) => {
         await handle.sync();
         events.push(`fsync ${String(args[0])}`);
       };
-      return new Proxy(handle, { get: (target, prop) => (prop === "sync" ? sync : Reflect.get(target, prop, target)) });
+      return handleWith(handle, { sync });
     },
-  };
+  });
 });
 
 let dir: string;

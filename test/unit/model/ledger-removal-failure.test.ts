@@ -10,14 +10,14 @@ import { ep } from "../../support/episode.js";
 // root removes anything, so `unlink` is wrapped.
 let failUnlink: string | undefined;
 vi.mock("node:fs/promises", async (importOriginal) => {
+  const { withOverrides } = await import("../../support/fs-mock.js");
   const actual = await importOriginal<typeof fsPromises>();
-  return {
-    ...actual,
+  return withOverrides(actual, {
     unlink: (path: Parameters<typeof actual.unlink>[0]) =>
       failUnlink !== undefined && String(path).endsWith(`/${failUnlink}.lineage.jsonl`)
         ? Promise.reject(Object.assign(new Error(`EIO: i/o error, unlink '${String(path)}'`), { code: "EIO", syscall: "unlink", path: String(path) }))
         : actual.unlink(path),
-  };
+  });
 });
 
 let f: ModelFixture;

@@ -12,16 +12,16 @@ import { ledgerRow, tornWrites } from "./model-fixtures.js";
 // When only that fsync fails (EIO), the file already holds the new rows: memory must not keep the old.
 let failDirSync = false;
 vi.mock("node:fs/promises", async (importOriginal) => {
+  const { handleWith, withOverrides } = await import("../../support/fs-mock.js");
   const actual = await importOriginal<typeof fsPromises>();
-  return {
-    ...actual,
+  return withOverrides(actual, {
     open: async (...args: Parameters<typeof actual.open>) => {
       const handle = await actual.open(...args);
       if (!failDirSync || args[1] !== "r") return handle;
       const sync = () => Promise.reject(Object.assign(new Error("EIO: i/o error, fsync"), { code: "EIO", syscall: "fsync" }));
-      return new Proxy(handle, { get: (target, prop) => (prop === "sync" ? sync : Reflect.get(target, prop, target)) });
+      return handleWith(handle, { sync });
     },
-  };
+  });
 });
 
 const realSync = promisify(fdatasync);

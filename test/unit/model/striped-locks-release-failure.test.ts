@@ -11,9 +11,9 @@ import { StripedLocks } from "../../../participants/kinds/model/index.js";
 let failLockUnlinks = 0;
 let failedLockUnlinks = 0;
 vi.mock("node:fs/promises", async (importOriginal) => {
+  const { withOverrides } = await import("../../support/fs-mock.js");
   const actual = await importOriginal<typeof fsPromises>();
-  return {
-    ...actual,
+  return withOverrides(actual, {
     unlink: (path: Parameters<typeof actual.unlink>[0]) => {
       if (failLockUnlinks > 0 && String(path).endsWith(".lock")) {
         failLockUnlinks -= 1;
@@ -22,7 +22,7 @@ vi.mock("node:fs/promises", async (importOriginal) => {
       }
       return actual.unlink(path);
     },
-  };
+  });
 });
 
 let dir: string;

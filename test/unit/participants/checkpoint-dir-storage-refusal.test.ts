@@ -11,6 +11,7 @@ import { refusalOf } from "../../support/refusal.js";
 // path ending in `fault.suffix` fails with `fault.error` (tests run as root, so permissions cannot).
 const fault = vi.hoisted(() => ({ suffix: undefined as string | undefined, error: undefined as NodeJS.ErrnoException | undefined }));
 vi.mock("node:fs/promises", async (importOriginal) => {
+  const { withOverrides } = await import("../../support/fs-mock.js");
   const original = await importOriginal<typeof import("node:fs/promises")>();
   const faulty =
     <A extends unknown[], R>(call: (path: string, ...rest: A) => Promise<R>) =>
@@ -18,7 +19,7 @@ vi.mock("node:fs/promises", async (importOriginal) => {
       if (fault.suffix !== undefined && String(path).endsWith(fault.suffix)) throw fault.error;
       return call(path, ...rest);
     };
-  return { ...original, lstat: faulty(original.lstat as never), realpath: faulty(original.realpath as never) };
+  return withOverrides(original, { lstat: faulty(original.lstat as never), realpath: faulty(original.realpath as never) });
 });
 
 const T0 = 1_700_000_000;

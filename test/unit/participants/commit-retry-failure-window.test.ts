@@ -21,9 +21,9 @@ import { deferred } from "../../support/deferred.js";
 // locked step and its joining the write included.
 let heldStat: { path: string; entered: boolean; release: Promise<void> } | undefined;
 vi.mock("node:fs/promises", async (importOriginal) => {
+  const { withOverrides } = await import("../../support/fs-mock.js");
   const actual = await importOriginal<typeof fsPromises>();
-  return {
-    ...actual,
+  return withOverrides(actual, {
     stat: async (...args: Parameters<typeof actual.stat>) => {
       const held = heldStat;
       const info = await actual.stat(...args);
@@ -35,7 +35,7 @@ vi.mock("node:fs/promises", async (importOriginal) => {
       }
       return info;
     },
-  };
+  });
 });
 
 const T0 = 1_700_000_000;

@@ -34,6 +34,7 @@ vi.mock("../../../participants/storage/fs-durable.js", async (importOriginal) =>
   };
 });
 vi.mock("node:fs/promises", async (importOriginal) => {
+  const { handleWith, withOverrides } = await import("../../support/fs-mock.js");
   const original = await importOriginal<typeof import("node:fs/promises")>();
   const link = async (...args: Parameters<typeof original.link>) => {
     const error = faults.link;
@@ -56,15 +57,9 @@ vi.mock("node:fs/promises", async (importOriginal) => {
     const error = faults.recordsSync;
     if (!error || !String(args[0]).includes("/.records.jsonl.")) return handle;
     faults.recordsSync = undefined;
-    return new Proxy(handle, {
-      get(target, prop, receiver) {
-        if (prop === "sync") return () => Promise.reject(error);
-        const value = Reflect.get(target, prop, receiver) as unknown;
-        return typeof value === "function" ? (value as (...a: unknown[]) => unknown).bind(target) : value;
-      },
-    });
+    return handleWith(handle, { sync: () => Promise.reject(error) });
   };
-  return { ...original, link, mkdir, open, default: { ...original, link, mkdir, open } };
+  return withOverrides(original, { link, mkdir, open });
 });
 
 const eio = (syscall: string) => Object.assign(new Error(`EIO: i/o error, ${syscall}`), { errno: -5, code: "EIO", syscall });

@@ -30,6 +30,7 @@ const faults = vi.hoisted(() => ({
   openFailure: undefined as { suffix: string; error: NodeJS.ErrnoException } | undefined,
 }));
 vi.mock("node:fs/promises", async (importOriginal) => {
+  const { handleWith, withOverrides } = await import("../../support/fs-mock.js");
   const original = await importOriginal<typeof import("node:fs/promises")>();
   const open = async (...args: Parameters<typeof original.open>): Promise<FileHandle> => {
     const failure = faults.openFailure;
@@ -42,28 +43,14 @@ vi.mock("node:fs/promises", async (importOriginal) => {
     if (full && String(args[0]).includes("/.records.jsonl.")) {
       faults.recordsDiskFull = undefined;
       let writes = 0;
-      return new Proxy(handle, {
-        get(target, prop, receiver) {
-          if (prop === "write") {
-            return (buffer: Buffer) => (writes++ === 0 ? target.write(buffer, 0, Math.floor(buffer.byteLength / 2)) : Promise.reject(full));
-          }
-          const value = Reflect.get(target, prop, receiver) as unknown;
-          return typeof value === "function" ? (value as (...a: unknown[]) => unknown).bind(target) : value;
-        },
-      });
+      return handleWith(handle, { write: (buffer: Buffer) => (writes++ === 0 ? handle.write(buffer, 0, Math.floor(buffer.byteLength / 2)) : Promise.reject(full)) });
     }
     const error = faults.manifestWrite;
     if (!error || !String(args[0]).includes("/.manifest.json.")) return handle;
     faults.manifestWrite = undefined;
-    return new Proxy(handle, {
-      get(target, prop, receiver) {
-        if (prop === "writeFile") return () => Promise.reject(error);
-        const value = Reflect.get(target, prop, receiver) as unknown;
-        return typeof value === "function" ? (value as (...a: unknown[]) => unknown).bind(target) : value;
-      },
-    });
+    return handleWith(handle, { writeFile: () => Promise.reject(error) });
   };
-  return { ...original, open, default: { ...original, open } };
+  return withOverrides(original, { open });
 });
 
 let root: string;

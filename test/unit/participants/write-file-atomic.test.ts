@@ -8,29 +8,24 @@ import { writeFileAtomic } from "../../../participants/storage/fs-durable.js";
 // Below the helper: every fsync of a directory is recorded; the next one of `failDir` fails (EIO).
 const fs = vi.hoisted(() => ({ failDir: undefined as string | undefined, synced: [] as string[] }));
 vi.mock("node:fs/promises", async (importOriginal) => {
+  const { handleWith, withOverrides } = await import("../../support/fs-mock.js");
   const original = await importOriginal<typeof import("node:fs/promises")>();
   const open = async (...args: Parameters<typeof original.open>): Promise<FileHandle> => {
     const handle = await original.open(...args);
     if (args[1] !== "r") return handle; // fsyncDir opens a directory "r"
     const path = String(args[0]);
-    return new Proxy(handle, {
-      get(target, prop, receiver) {
-        if (prop === "sync") {
-          return async () => {
-            if (fs.failDir === path) {
-              fs.failDir = undefined;
-              throw Object.assign(new Error(`EIO: i/o error, fsync`), { code: "EIO", syscall: "fsync" });
-            }
-            fs.synced.push(path);
-            return target.sync();
-          };
+    return handleWith(handle, {
+      sync: async () => {
+        if (fs.failDir === path) {
+          fs.failDir = undefined;
+          throw Object.assign(new Error(`EIO: i/o error, fsync`), { code: "EIO", syscall: "fsync" });
         }
-        const value = Reflect.get(target, prop, receiver) as unknown;
-        return typeof value === "function" ? (value as (...a: unknown[]) => unknown).bind(target) : value;
+        fs.synced.push(path);
+        return handle.sync();
       },
     });
   };
-  return { ...original, open, default: { ...original, open } };
+  return withOverrides(original, { open });
 });
 
 let root: string;

@@ -10,12 +10,13 @@ import { tempDir } from "./fixtures.js";
 // an account without read permission: root in CI reads anything, so `open` is wrapped).
 let failOpen: string | undefined;
 vi.mock("node:fs/promises", async (importOriginal) => {
+  const { withOverrides } = await import("../../support/fs-mock.js");
   const actual = await importOriginal<typeof fsPromises>();
   const open = ((file: string, ...rest: unknown[]) =>
     failOpen !== undefined && String(file).endsWith(`/${GLOBAL_MANIFEST_FILE}`)
       ? Promise.reject(Object.assign(new Error(`${failOpen}: refused, open '${file}'`), { code: failOpen, errno: -5, syscall: "open", path: file }))
       : (actual.open as (...a: unknown[]) => unknown)(file, ...rest)) as typeof actual.open;
-  return { ...actual, default: { ...actual, open }, open };
+  return withOverrides(actual, { open });
 });
 
 let root: string;

@@ -12,6 +12,7 @@ import { linearTrace, tempDir, traceId } from "./fixtures.js";
 
 const placed = vi.hoisted(() => ({ names: [] as string[], failLink: undefined as string | undefined }));
 vi.mock("node:fs/promises", async (importOriginal) => {
+  const { withOverrides } = await import("../../support/fs-mock.js");
   const original = await importOriginal<typeof import("node:fs/promises")>();
   const link = async (from: Parameters<typeof original.link>[0], to: Parameters<typeof original.link>[1]) => {
     if (placed.failLink === path.basename(String(to))) {
@@ -25,7 +26,7 @@ vi.mock("node:fs/promises", async (importOriginal) => {
     await original.rename(from, to);
     placed.names.push(path.basename(String(to)));
   };
-  return { ...original, link, rename, default: { ...original, link, rename } };
+  return withOverrides(original, { link, rename });
 });
 
 let dir: string;

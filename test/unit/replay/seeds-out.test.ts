@@ -11,13 +11,14 @@ import { writeFileAtomic } from "../../../participants/storage/fs-durable.js";
 // stat of these paths fails with the errno given (tests run as root: permissions cannot make EACCES).
 const statFails = vi.hoisted(() => new Map<string, string>());
 vi.mock("node:fs/promises", async (importOriginal) => {
+  const { withOverrides } = await import("../../support/fs-mock.js");
   const actual = await importOriginal<typeof import("node:fs/promises")>();
   const stat = (async (path: string, ...rest: unknown[]) => {
     const code = statFails.get(String(path));
     if (code !== undefined) throw Object.assign(new Error(`${code}: injected, stat '${String(path)}'`), { code, syscall: "stat", path: String(path) });
     return (actual.stat as (...args: unknown[]) => unknown)(path, ...rest);
   }) as typeof actual.stat;
-  return { ...actual, stat, default: { ...actual, stat } };
+  return withOverrides(actual, { stat });
 });
 
 let dir: string;

@@ -10,12 +10,13 @@ import { linearTrace, mathSource, silent, tempDir, traceId, type MathTask } from
 // an I/O error: root in CI reads anything, so `open` is wrapped).
 let failOpen: string | undefined;
 vi.mock("node:fs/promises", async (importOriginal) => {
+  const { withOverrides } = await import("../../support/fs-mock.js");
   const actual = await importOriginal<typeof fsPromises>();
   const open = ((file: string, ...rest: unknown[]) =>
     failOpen !== undefined && /\/_complete_(train|eval)\.json$/.test(String(file))
       ? Promise.reject(Object.assign(new Error(`${failOpen}: refused, open '${file}'`), { code: failOpen, errno: -13, syscall: "open", path: file }))
       : (actual.open as (...a: unknown[]) => unknown)(file, ...rest)) as typeof actual.open;
-  return { ...actual, default: { ...actual, open }, open };
+  return withOverrides(actual, { open });
 });
 
 let dir: string;

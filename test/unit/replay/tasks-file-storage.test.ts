@@ -11,6 +11,7 @@ import { readTaskFile } from "../../../participants/replay/task-file.js";
 // Reading these paths fails with the errno given (tests run as root: permissions cannot make EACCES).
 const readFails = vi.hoisted(() => new Map<string, string>());
 vi.mock("node:fs", async (importOriginal) => {
+  const { withOverrides } = await import("../../support/fs-mock.js");
   const actual = await importOriginal<typeof fs>();
   const createReadStream = ((path: string, ...rest: unknown[]) => {
     const code = readFails.get(String(path));
@@ -21,7 +22,7 @@ vi.mock("node:fs", async (importOriginal) => {
       },
     });
   }) as typeof actual.createReadStream;
-  return { ...actual, createReadStream, default: { ...actual, createReadStream } };
+  return withOverrides(actual, { createReadStream });
 });
 
 let dir: string;
