@@ -2426,10 +2426,13 @@ export class CheckpointEngine {
    * `list` and `get` read the catalog, which withholds an aborted checkpoint whose checkpoint.json
    * could not be taken back only once this leader knows of it: its own abort, or its recovery's
    * reading of the journal entry kept for it. A follower or a leader still recovering would serve
-   * that checkpoint as published, so they refuse `not_leader` as every op does before recovery.
+   * that checkpoint as published, so they refuse `not_leader` as every op does before recovery; so
+   * does a leader whose renewal lapsed (frozen, starved: a successor may lead and have aborted one),
+   * which every other op finds at its first Leadership.epoch() and the NATS API by staying silent.
    */
   private assertCatalogKnown(): void {
     if (!this.recoveredFlag) throw new CheckpointError("not_leader", this.notServingYet());
+    this.options.leadership.epoch();
   }
 
   /** Why ops are refused before recovery: a follower is told so, a new leader that it is still recovering. */

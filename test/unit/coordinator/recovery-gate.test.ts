@@ -3,7 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { HttpControllerApi } from "../../../coordinator/api/http-api.js";
-import { HEADER_COORDINATOR_EPOCH, HEADER_COORDINATOR_ID, HEADER_COORDINATOR_SERVED } from "../../../protocol/index.js";
+import { CheckpointError, HEADER_COORDINATOR_EPOCH, HEADER_COORDINATOR_ID, HEADER_COORDINATOR_SERVED } from "../../../protocol/index.js";
 import { journalEmptied, journalEntry, makeEngine, writers } from "./fake-participants.js";
 import { refusalOf } from "../../support/refusal.js";
 
@@ -139,6 +139,40 @@ describe("controller ops wait for recovery (the daemon's engine)", () => {
     // The term ended: the next one (not recovered yet) served nothing.
     engine.leadershipLost();
     expect(await answer()).toEqual([503, String(term.epoch), null]);
+  });
+
+  // list and get read the catalog, which knows of an aborted checkpoint whose checkpoint.json could
+  // not be taken back only at the leader that aborted it or recovered its entry. A leader whose
+  // renewal lapsed (frozen, starved) may already have a successor that aborted one: it refuses them as
+  // it refuses every op (Leadership.epoch) and as its /readyz and its silent NATS API say.
+  it("list and get answer not_leader while the lease's renewal lapsed, over HTTP too, though the engine recovered", async () => {
+    const { engine, leadership } = makeEngine(root, { requireRecovery: true });
+    await engine.recover();
+    expect((await engine.list()).checkpoints).toEqual([]);
+    const term = leadership.state();
+    const epoch = leadership.epoch.bind(leadership);
+    let lapsed = false;
+    leadership.state = () => ({ ...term, ready: !lapsed });
+    leadership.epoch = () => {
+      if (lapsed) throw new CheckpointError("not_leader", `coordinator ${term.id} has not renewed its lease for 5000 ms`);
+      return epoch();
+    };
+    http = new HttpControllerApi({ engine, leadership, token: "t" });
+    const base = await http.start();
+    const read = async (path: string) => {
+      const response = await fetch(`${base}${path}`, { headers: { authorization: "Bearer t" } });
+      return [response.status, ((await response.json()) as { error?: { code: string } }).error?.code];
+    };
+    expect(await read("/v1/checkpoints")).toEqual([200, undefined]);
+    expect(await read("/v1/checkpoints/g1")).toEqual([404, "not_found"]);
+    lapsed = true;
+    expect((await refusalOf(engine.list())).code).toBe("not_leader");
+    expect((await refusalOf(engine.get({ checkpoint_id: "g1" }))).code).toBe("not_leader");
+    expect(await read("/v1/checkpoints")).toEqual([503, "not_leader"]);
+    expect(await read("/v1/checkpoints/g1")).toEqual([503, "not_leader"]);
+    expect((await refusalOf(engine.prepare({ checkpoint_id: "g1" }))).code).toBe("not_leader");
+    lapsed = false; // renewed again
+    expect(await read("/v1/checkpoints")).toEqual([200, undefined]);
   });
 
   it("HTTP: /readyz and the ops answer not_leader while the lease is ready but recovery has not run", async () => {
