@@ -243,10 +243,11 @@ export class KvDecisionJournal implements DecisionJournal {
     // A key that is no checkpoint id names no checkpoint a restore could outlive: nothing this journal
     // wrote (a hand-written marker, a buggy version's), which the catalog would refuse to look up.
     // Dropped at the plain markers' age, whatever its body, and named once as it goes.
-    const invalidIds = old.filter((e) => !CheckpointIdSchema.safeParse(e.key).success).map((e) => e.key);
+    // A set: recovery's compaction walks every old marker, and a buggy writer may have left many.
+    const invalidIds = new Set(old.filter((e) => !CheckpointIdSchema.safeParse(e.key).success).map((e) => e.key));
     // A restore's marker (it has a body: its outcome) also waits for its checkpoint to leave the catalog.
-    const dropped = old.filter((e) => e.length === 0 || invalidIds.includes(e.key) || this.checkpointGone(e.key, unreadable));
-    if (invalidIds.length) this.logger?.warn({ markers: invalidIds.length, keys: invalidIds.slice(0, 10) }, "journal_markers_of_invalid_ids_dropped");
+    const dropped = old.filter((e) => e.length === 0 || invalidIds.has(e.key) || this.checkpointGone(e.key, unreadable));
+    if (invalidIds.size) this.logger?.warn({ markers: invalidIds.size, keys: [...invalidIds].slice(0, 10) }, "journal_markers_of_invalid_ids_dropped");
     // One line per compaction: while the root is unmounted every record is kept, and one each was a flood.
     if (unreadable.length) {
       this.logger?.warn({ records: unreadable.length, keys: unreadable.slice(0, 10).map((u) => u.key), err: unreadable[0]!.error }, "journal_restore_outcomes_kept_catalog_unreadable");
