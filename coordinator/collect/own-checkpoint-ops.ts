@@ -188,14 +188,17 @@ export class OwnCheckpointOps {
    * for a failure would resume a published checkpoint (a stop checkpoint's parked Gym included)
    * and report it unpublished. A successor that no longer has it open (a stop checkpoint closes at
    * its publish) answers the retry from checkpoint.json, which names our state file and sha256; any
-   * refusal still left (the retries ran out) is checked against the catalog: published with our
-   * state, it is no failure.
+   * refusal still left (the retries ran out) is checked against the catalog (that read sent again
+   * as the publish is): published with our state, it is no failure.
    */
   async publishOwn(checkpointId: string, sha256: string): Promise<void> {
     try {
       await this.resent("publish", checkpointId, () => this.options.controller.publish({ checkpoint_id: checkpointId, controller_state: { file: COLLECTION_STATE_FILE, sha256 } }));
     } catch (error) {
-      const ref = error instanceof CheckpointError ? await this.options.controller.get(checkpointId).then((got) => got.manifest.controller_state, () => null) : null;
+      // Sent again like the publish (a failover: no ready leader for a moment), so a refusal that says
+      // nothing of the checkpoint is not taken for "not published".
+      const read = () => this.options.controller.get(checkpointId);
+      const ref = error instanceof CheckpointError ? await this.resent("get after publish", checkpointId, read).then((got) => got.manifest.controller_state, () => null) : null;
       if (!ref || !("file" in ref) || ref.file !== COLLECTION_STATE_FILE || ref.sha256 !== sha256) throw error;
       this.options.logger.warn({ checkpoint_id: checkpointId, err: error }, "publish did not answer, but the checkpoint is published with our collection state");
     }

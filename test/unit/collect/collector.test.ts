@@ -2765,6 +2765,20 @@ describe("collector across a coordinator failover (the engine, then its successo
     expect(await run).toMatchObject({ finished: 1, checkpoints: 1 });
   });
 
+  it("a publish whose every reply was lost is checked against the catalog, that get sent again while no leader serves it: counted as published, then resumed", async () => {
+    const w = await failoverWorld((op, n) => (op === "publish" ? "died-after" : op === "get" && n === 1 ? "no-leader" : "pass"));
+    w.fake.exported.set("environment.e1", ["a"]);
+    const collector = collectorIn(w);
+    await collector.start();
+    const run = collector.run();
+    await waitUntil(() => w.arrived.length === 1, "the /run of a");
+    const result = await collector.checkpoint({ stop: false });
+    expect(result.published).toBe(true);
+    expect((await w.controller.list()).latest).toBe(result.checkpointId);
+    w.release.resolve();
+    expect(await run).toMatchObject({ finished: 1, checkpoints: 1 });
+  });
+
   it("a stop checkpoint's commit whose coordinator died once it had committed (reply lost): the successor re-drives it and keeps it committed, so the collector sends it again and publishes, the Gym left parked", async () => {
     const w = await failoverWorld((op, n) => (op === "commit" && n === 1 ? "died-after" : "pass"));
     w.fake.exported.set("environment.e1", ["a"]);
