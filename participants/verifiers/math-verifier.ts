@@ -117,8 +117,13 @@ const UNIT = /^[\p{L}°µ](?:[\p{L}°µ\s./^-]|(?<=[\p{L}°µ^\d]|\^-)\d)*$/u;
  * digit or the end: `5\text{ or seven}`, `5\text{ and seven}`, `5\text{ or7}`): two answers, not a unit.
  */
 const HEDGE = /(?:^|\s)(?:or|nor|and|to)(?=\s|\d|$)/i;
-/** Euler's number, the imaginary unit and π, set upright (`2\mathrm{e}`, `3\mathrm{i}`, `2\text{π}`): no units. */
+/**
+ * Euler's number, the imaginary unit and π, set upright (`2\mathrm{e}`, `3\mathrm{i}`, `2\text{π}`):
+ * no units, nor with a power (`2\mathrm{e}^2`, `3\mathrm{i}^2`).
+ */
 const UPRIGHT_CONSTANTS = new Set(["e", "i", "π"]);
+/** A power closing a unit once written with `^` (powersWithCaret): `^2`, `^-1`. */
+const FINAL_POWER = /\^-?\d+$/;
 /**
  * An exponent (`e3`, `E-3`): no unit either. The wrapper is read as what it holds, so `1.5\text{ e3}`
  * normalizes to 1500; taken as 1.5 in a unit `e3` it was also 1.5, right against both. So is an
@@ -249,7 +254,10 @@ function splitUnit(text: string): { before: string; unit: string } | undefined {
   if (!wrapper) return undefined;
   const number = numberOpeningWrapper(wrapper[1]!);
   const unit = wrapper[1]!.slice(number.length).trim() + (wrapper[2] ?? "");
-  if (!unit || !UNIT.test(powersWithCaret(unit)) || HEDGE.test(unit) || UPRIGHT_CONSTANTS.has(unit) || EXPONENT.test(unit)) return undefined;
+  const withCaret = powersWithCaret(unit);
+  // A constant or an exponent's marker raised to a power is still no unit: `2\mathrm{e}^2` is 2e², not 2.
+  const base = withCaret.replace(FINAL_POWER, "");
+  if (!unit || !UNIT.test(withCaret) || HEDGE.test(unit) || UPRIGHT_CONSTANTS.has(base) || EXPONENT.test(base)) return undefined;
   return { before: answer.slice(0, wrapper.index) + number, unit };
 }
 

@@ -61,6 +61,25 @@ describe("math verifier: an exponent marker without digits is no unit", () => {
   });
 });
 
+describe("math verifier: an upright constant or an exponent marker with a power is no unit", () => {
+  it.each([
+    // 2e² is about 14.78, 3i² is -3: neither is 2 or 3 in a unit.
+    ["2", "2\\mathrm{e}^2", 0],
+    ["2", "2\\,\\mathrm{e}^{-1}", 0],
+    ["2", "2\\mathrm{e}²", 0],
+    ["2", "2\\mathrm{e^2}", 0],
+    ["2", "\\text{2 e}^2", 0],
+    ["3", "3\\mathrm{i}^2", 0],
+    ["2", "2\\text{π}^2", 0],
+    ["2", "2\\text{ E}^2", 0],
+    ["2\\mathrm{e}^2", "2", 0],
+    // Read as written, it equals the same text.
+    ["2\\mathrm{e}^2", "2e^2", 1],
+  ] as const)("expected %s, answer %s: reward %i", async (expected, answer, expectedReward) => {
+    expect(await reward(expected, answer)).toBe(expectedReward);
+  });
+});
+
 describe("math verifier: a unit's powers however written", () => {
   it.each([
     ["5\\text{ m^2}", "5\\text{ m2}", 1],
