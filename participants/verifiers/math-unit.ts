@@ -43,12 +43,29 @@ export function powersWithCaret(unit: string): string {
 }
 
 /**
- * A unit (LaTeX already read as plain text) as one spelling, so two units are one unit when these
- * are equal: spacing removed, every power `^n` (`m2`, `m^{2}`, `m²` are `m^2`), a capitalised word
- * in lower case, the litre as `L`, and every other letter's case kept (caseOfUnitLetters).
+ * A unit (LaTeX already read as plain text, its spacing kept) as one spelling, so two units are one
+ * unit when these are equal: every power `^n` (`m2`, `m^{2}`, `m²` are `m^2`), a capitalised word
+ * in lower case, the litre as `L`, and every other letter's case kept (caseOfUnitLetters), then
+ * spacing removed. Letters are judged word by word as written: `Square Units` is `square units`,
+ * while `N mol` (newton moles) stays apart from `nmol`, though both lose their spacing.
  */
 export function canonicalUnit(plainUnit: string): string {
-  return caseOfUnitLetters(powersWithCaret(plainUnit.replace(/\s+/g, "")).replace(BARE_POWER, "$1^$2"));
+  return powersWithCaret(caseOfUnitLetters(plainUnit).replace(/\s+/g, "")).replace(BARE_POWER, "$1^$2");
+}
+
+/**
+ * `text`, the unit `plainUnit` with its spacing removed or a text equal to that but for case, with
+ * each of `plainUnit`'s words as caseOfUnitLetters reads it: the words of a text that lost its
+ * spacing (a plain-text answer once normalized) are where the unit's are.
+ */
+export function caseOfUnitWords(plainUnit: string, text: string): string {
+  let at = 0;
+  let cased = "";
+  for (const word of plainUnit.split(/\s+/)) {
+    cased += caseOfUnitLetters(text.slice(at, at + word.length));
+    at += word.length;
+  }
+  return cased + text.slice(at);
 }
 
 /** `text` with each run of letters as a unit's letters compare: a capitalised word lower-cased, the litre `L`, the rest kept. */

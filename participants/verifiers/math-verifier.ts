@@ -1,6 +1,6 @@
 import { z } from "zod";
 import { CheckpointError, type JsonValue } from "../../protocol/index.js";
-import { POWER_AFTER_WRAPPER_SOURCE, canonicalUnit, caseOfUnitLetters, powersWithCaret } from "./math-unit.js";
+import { POWER_AFTER_WRAPPER_SOURCE, canonicalUnit, caseOfUnitWords, powersWithCaret } from "./math-unit.js";
 import { VerifierServer, parseVerifierBody, verifierTaskSchema, type VerifyResult } from "./verifier-server.js";
 
 const MathTaskSchema = verifierTaskSchema({ expected_answer: z.string().max(10_000) });
@@ -234,14 +234,18 @@ function numberAndUnit(text: string): NumberAndUnit | undefined {
   if (split === undefined) return undefined;
   const number = normalizeAnswer(split.before);
   if (!CANONICAL_NUMBER.test(number)) return undefined;
-  const written = latexPlain(split.unit).replace(/\s+/g, "");
-  return { number, unit: canonicalUnit(written), written };
+  const plain = latexPlain(split.unit).trim();
+  return { number, unit: canonicalUnit(plain), plain, written: plain.replace(/\s+/g, "") };
 }
 
-/** numberAndUnit's answer: the number, the unit as compared (canonicalUnit), and as normalizeAnswer's text holds it. */
+/**
+ * numberAndUnit's answer: the number, the unit as compared (canonicalUnit), as plain text with its
+ * spacing (its words), and as normalizeAnswer's text holds it (no spacing).
+ */
 interface NumberAndUnit {
   number: string;
   unit: string;
+  plain: string;
   written: string;
 }
 
@@ -300,8 +304,8 @@ export function sameAnswer(expected: string, answer: string): boolean {
   const cased = [normalizedKeepingCase(expected), normalizedKeepingCase(answer)] as const;
   const normalized = [cased[0].toLowerCase(), cased[1].toLowerCase()] as const;
   if (normalized[0] === normalized[1]) {
-    if (withUnit[0]) return sameUnitLetters(cased[0], withUnit[0].written, cased[1]);
-    if (withUnit[1]) return sameUnitLetters(cased[1], withUnit[1].written, cased[0]);
+    if (withUnit[0]) return sameUnitLetters(cased[0], withUnit[0], cased[1]);
+    if (withUnit[1]) return sameUnitLetters(cased[1], withUnit[1], cased[0]);
     return true;
   }
   if (withUnit[0]) return withUnit[0].number === normalized[1];
@@ -310,14 +314,16 @@ export function sameAnswer(expected: string, answer: string): boolean {
 }
 
 /**
- * Whether `other`, a text equal but for case to `withUnit` (an answer ending in the unit
- * `written`, both as normalizedKeepingCase writes them), ends in that unit's letters as a unit's
- * letters compare (caseOfUnitLetters): plain-text `5 mm` is `5\text{ mm}` but not `5\text{ Mm}`,
- * while the number's own letters keep ignoring case (`2.5E3\text{ m}` is `2.5e3 m`).
+ * Whether `other`, a text equal but for case to `withUnit` (an answer ending in `unit`, both as
+ * normalizedKeepingCase writes them), ends in that unit's letters as a unit's letters compare, word
+ * by word as the unit is written (caseOfUnitWords): plain-text `5 mm` is `5\text{ mm}` but not
+ * `5\text{ Mm}`, `5 square units` is `5\text{ Square Units}`, while the number's own letters keep
+ * ignoring case (`2.5E3\text{ m}` is `2.5e3 m`).
  */
-function sameUnitLetters(withUnit: string, written: string, other: string): boolean {
+function sameUnitLetters(withUnit: string, unit: NumberAndUnit, other: string): boolean {
+  const { written, plain } = unit;
   if (!withUnit.endsWith(written)) return withUnit === other;
-  return caseOfUnitLetters(other.slice(other.length - written.length)) === caseOfUnitLetters(written);
+  return caseOfUnitWords(plain, other.slice(other.length - written.length)) === caseOfUnitWords(plain, written);
 }
 
 /** `a/b` or a LaTeX fraction (signedLatexFraction) as [a, b]. */

@@ -32,6 +32,11 @@ describe("math verifier: a unit's case", () => {
     ["2.5E3\\text{ m}", "2.5e3 m", 1],
     // A capitalised word is the word, and the litre has two symbols.
     ["5\\text{ Meters}", "5\\text{ meters}", 1],
+    // Word by word: a title-cased unit of several words is those words, and symbols spaced apart stay symbols (`N mol`, newton moles, is no `nmol`).
+    ["5\\text{ square units}", "5\\text{ Square Units}", 1],
+    ["5\\,\\mathrm{Square Meters}", "5\\text{ square meters}", 1],
+    ["5\\text{ Square Units}", "5 square units", 1],
+    ["5\\text{ N mol}", "5\\text{ nmol}", 0],
     ["5\\text{ Tons}", "5 tons", 1],
     ["5\\text{ mL}", "5\\text{ ml}", 1],
     ["2\\text{ L}", "\\text{2 l}", 1],
