@@ -30,6 +30,13 @@ const CAPITALISED_WORD = /^\p{Lu}\p{Ll}{3,}$/u;
  * bytes and `b` bits, `K` kelvin; so is an all-capitals spelling (`CM` is no centimetre).
  */
 const LITRE = /^([yzafpnuµmcdhkMGTPEZY]?)[lL]$/u;
+/**
+ * A capital `K` opening a run of symbols (`Km`, `Kg`, `KJ`, `KB`): `K` is no SI prefix, so there it
+ * is kilo's `k` miswritten; alone it is kelvin and keeps its case.
+ */
+const KILO_MISWRITTEN = /^K(?=\p{L})/u;
+/** The degree sign before a lower-case `c` or `f` and no other letter (`°c`): degrees Celsius or Fahrenheit, no other meaning. */
+const LOWER_DEGREE_SCALE = /°([cf])(?!\p{L})/gu;
 
 /**
  * `unit`'s powers written one way, `^2`, `^-1`: braced (`m^{2}`) or Unicode superscripts (`m²`,
@@ -50,7 +57,7 @@ export function powersWithCaret(unit: string): string {
  * while `N mol` (newton moles) stays apart from `nmol`, though both lose their spacing.
  */
 export function canonicalUnit(plainUnit: string): string {
-  return powersWithCaret(caseOfUnitLetters(plainUnit).replace(/\s+/g, "")).replace(BARE_POWER, "$1^$2");
+  return degreeScaleInCapitals(powersWithCaret(caseOfUnitLetters(plainUnit).replace(/\s+/g, "")).replace(BARE_POWER, "$1^$2"));
 }
 
 /**
@@ -65,14 +72,23 @@ export function caseOfUnitWords(plainUnit: string, text: string): string {
     cased += caseOfUnitLetters(text.slice(at, at + word.length));
     at += word.length;
   }
-  return cased + text.slice(at);
+  return degreeScaleInCapitals(cased + text.slice(at));
 }
 
-/** `text` with each run of letters as a unit's letters compare: a capitalised word lower-cased, the litre `L`, the rest kept. */
+/** `text` (spacing removed) with degrees Celsius or Fahrenheit written `°C`, `°F` (LOWER_DEGREE_SCALE). */
+function degreeScaleInCapitals(text: string): string {
+  return text.replace(LOWER_DEGREE_SCALE, (_sign: string, scale: string) => `°${scale.toUpperCase()}`);
+}
+
+/**
+ * `text` with each run of letters as a unit's letters compare: a capitalised word lower-cased, a
+ * miswritten kilo's `K` as `k`, the litre `L`, the rest kept.
+ */
 export function caseOfUnitLetters(text: string): string {
   return text.replace(/\p{L}+/gu, (letters) => {
     if (CAPITALISED_WORD.test(letters)) return letters.toLowerCase();
-    const litre = LITRE.exec(letters);
-    return litre ? `${litre[1]}L` : letters;
+    const symbols = letters.replace(KILO_MISWRITTEN, "k");
+    const litre = LITRE.exec(symbols);
+    return litre ? `${litre[1]}L` : symbols;
   });
 }

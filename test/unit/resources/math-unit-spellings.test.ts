@@ -41,6 +41,18 @@ describe("math verifier: a unit's case", () => {
     ["5\\text{ mL}", "5\\text{ ml}", 1],
     ["2\\text{ L}", "\\text{2 l}", 1],
     ["2\\text{ L}", "2\\text{ mL}", 0],
+    // `K` is no SI prefix: before another symbol it is kilo's miswriting (`Km`, `Kg`, `KJ`), alone it is kelvin.
+    ["5\\text{ km}", "5\\text{ Km}", 1],
+    ["5\\text{ Kg}", "5\\text{ kg}", 1],
+    ["5\\text{ km}", "5 Km", 1],
+    ["3\\text{ kJ}", "3\\,\\mathrm{KJ}", 1],
+    ["2\\text{ kB}", "2\\text{ KB}", 1],
+    ["2\\text{ KB}", "2\\text{ Kb}", 0],
+    ["5\\text{ K}", "5\\text{ k}", 0],
+    ["5\\text{ Km}", "5\\text{ Mm}", 0],
+    // Degrees Celsius or Fahrenheit have no other meaning in lower case.
+    ["90^\\circ\\text{C}", "90^\\circ c", 1],
+    ["90°F", "90\\text{°f}", 1],
     // One side's unit against the bare number is still ignored.
     ["5", "5\\text{ Mm}", 1],
     ["5\\text{ Mm}", "5", 1],
