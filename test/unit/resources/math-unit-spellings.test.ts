@@ -149,6 +149,8 @@ const PATHOLOGICAL: Record<string, (length: number) => string> = {
   casedLetters: (n) => `5\\text{ ${"Mmmm".repeat(n / 4)}}`,
   casedWords: (n) => `5\\text{ ${"Mm ".repeat(n / 3)}}`,
   constantWithPowers: (n) => `2\\mathrm{e${"^2".repeat(n / 2)}}`,
+  miswrittenKilos: (n) => `5\\text{ ${"Km ".repeat(n / 3)}}`,
+  degreeScales: (n) => `5\\text{ ${"°c".repeat(n / 2)}}`,
 };
 
 /** Milliseconds `run` takes, the least of three runs (the others paid for warm-up or a pause). */
