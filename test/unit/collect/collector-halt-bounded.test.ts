@@ -12,6 +12,21 @@ import { collectorIn, idleController } from "../../support/collector-fixture.js"
 import { waitUntil } from "../../support/wait-until.js";
 
 /**
+ * The bound under test is --run-timeout-s (0.2 s here) as the exits' wait for storage; it is also
+ * each /run's timeout, which a loaded machine can exceed, sending the row again. The /runs here are
+ * untimed (the collector's stop still aborts them), so only the storage waits are bounded.
+ */
+vi.mock("../../../coordinator/collect/run-timeouts.js", async (importOriginal) => {
+  const original = await importOriginal<typeof import("../../../coordinator/collect/run-timeouts.js")>();
+  class UntimedRuns extends original.RunTimeouts {
+    override start(_ms: number) {
+      return super.start(Number.MAX_SAFE_INTEGER);
+    }
+  }
+  return { ...original, RunTimeouts: UntimedRuns };
+});
+
+/**
  * The exits that stop a collection where it is (SIGINT, SIGHUP, after a SIGTERM's checkpoint: halt()
  * then flushRecords(); a failed run()) wait for storage: the rows being appended to results.jsonl,
  * the tasks file's close (which waits for a task line read under way, as FileHandle.close does) and
@@ -20,9 +35,11 @@ import { waitUntil } from "../../support/wait-until.js";
  *
  * The fake disk below holds results.jsonl's appends (`disk.hangAppends`) or its fdatasyncs
  * (`disk.hangSyncs`: the syncs before a records step, not the one that makes the file) for good, as a dead mount does, and fails the append of the row named by
- * `disk.failAppendOf` (a full disk).
+ * `disk.failAppendOf` (a full disk). With `disk.instantSyncs`, results.jsonl's syncs end at once
+ * without touching the disk: a test whose bound must expire for something else (a close that hangs)
+ * does not also race a real fdatasync, which a loaded machine can hold past that bound.
  */
-const disk = vi.hoisted(() => ({ hangAppends: false, appending: 0, hangSyncs: false, syncing: 0, failAppendOf: "", holdAppends: undefined as Promise<void> | undefined }));
+const disk = vi.hoisted(() => ({ hangAppends: false, appending: 0, hangSyncs: false, syncing: 0, instantSyncs: false, failAppendOf: "", holdAppends: undefined as Promise<void> | undefined }));
 
 vi.mock("node:fs/promises", async (importOriginal) => {
   const { handleWith, withOverrides } = await import("../../support/fs-mock.js");
@@ -45,7 +62,12 @@ vi.mock("node:fs/promises", async (importOriginal) => {
     }
     return real.appendFile(path, data, options);
   };
+  const { statSync } = await import("node:fs");
   const open: typeof real.open = async (path, flags, mode) => {
+    if (disk.instantSyncs && flags === "r+" && String(path).endsWith("results.jsonl")) {
+      const { size } = statSync(String(path));
+      return { stat: async () => ({ size }), datasync: async () => undefined, close: async () => undefined } as unknown as Awaited<ReturnType<typeof real.open>>;
+    }
     const handle = await real.open(path, flags, mode);
     if (!String(path).endsWith("results.jsonl")) return handle;
     return handleWith(handle, {
@@ -63,7 +85,7 @@ let dir: string;
 let server: Server | undefined;
 beforeEach(async () => {
   dir = await mkdtemp(join(tmpdir(), "gym-ckpt-halt-bounded-"));
-  Object.assign(disk, { hangAppends: false, appending: 0, hangSyncs: false, syncing: 0, failAppendOf: "", holdAppends: undefined });
+  Object.assign(disk, { hangAppends: false, appending: 0, hangSyncs: false, syncing: 0, instantSyncs: false, failAppendOf: "", holdAppends: undefined });
 });
 afterEach(async () => {
   server?.closeAllConnections();
@@ -115,7 +137,7 @@ function hungTasksFile(): { file: TaskFile; reading: () => boolean } {
 const records = () => ({ dir: join(dir, "records"), env: "gym", kind: "eval" as const, everyRows: 100, everySeconds: 600 });
 
 describe("halt() with storage that hangs", () => {
-  it("waits at most --run-timeout-s for the tasks file's close while a worker's task line read never ends", { timeout: 5_000 }, async () => {
+  it("waits at most --run-timeout-s for the tasks file's close while a worker's task line read never ends", { timeout: 15_000 }, async () => {
     const { url } = await rewardingRun();
     const hung = hungTasksFile();
     const { logger, lines } = capturingLogger();
@@ -128,7 +150,7 @@ describe("halt() with storage that hangs", () => {
     expect(lines.filter((l) => l.startsWith("the tasks file's close did not end within --run-timeout-s of the halt"))).toHaveLength(1);
   });
 
-  it("waits at most --run-timeout-s for a row's append to results.jsonl that never ends", { timeout: 5_000 }, async () => {
+  it("waits at most --run-timeout-s for a row's append to results.jsonl that never ends", { timeout: 15_000 }, async () => {
     const { url, requests } = await rewardingRun();
     disk.hangAppends = true;
     const { logger, lines } = capturingLogger();
@@ -143,7 +165,7 @@ describe("halt() with storage that hangs", () => {
 });
 
 describe("halt() with a results.jsonl append held by its storage", () => {
-  it("appends no line queued behind it once the halt went on without it", { timeout: 5_000 }, async () => {
+  it("appends no line queued behind it once the halt went on without it", { timeout: 15_000 }, async () => {
     const { url } = await rewardingRun();
     let release!: () => void;
     disk.holdAppends = new Promise<void>((resolve) => (release = resolve));
@@ -163,7 +185,7 @@ describe("halt() with a results.jsonl append held by its storage", () => {
 });
 
 describe("the records flush after a halt, with results.jsonl's sync hanging", () => {
-  it("waits at most --run-timeout-s and counts the rows whose records it did not wait for as not written", { timeout: 5_000 }, async () => {
+  it("waits at most --run-timeout-s and counts the rows whose records it did not wait for as not written", { timeout: 15_000 }, async () => {
     // a finishes (its line appended, its record buffered); h's /run is never answered.
     const { url, requests } = await rewardingRun(["h"]);
     const { logger, lines } = capturingLogger();
@@ -182,7 +204,7 @@ describe("the records flush after a halt, with results.jsonl's sync hanging", ()
 });
 
 describe("a failed run() with results.jsonl's sync hanging", () => {
-  it("rejects within --run-timeout-s of its records flush, those rows counted as not written", { timeout: 5_000 }, async () => {
+  it("rejects within --run-timeout-s of its records flush, those rows counted as not written", { timeout: 15_000 }, async () => {
     const { url } = await rewardingRun();
     const { logger, lines } = capturingLogger();
     const rows = ["a", "b"].map((rolloutId) => ({ rolloutId, task: {} }));
@@ -207,10 +229,10 @@ describe("a failed run() with results.jsonl's sync hanging", () => {
 });
 
 describe("a failed run() with a results.jsonl append held by its storage", () => {
-  // Before, a line queued behind an append the failure gave up on was still appended once that
-  // append returned: after run() had rejected and the command had let go of the lock, so a next
-  // start could read --out without it, send its row again, and then find it in --out twice.
-  it("appends no line that had not begun its write, and says the one under way may still land", { timeout: 5_000 }, async () => {
+  // A line queued behind an append the failure gave up on, appended once that append returned,
+  // would land after run() rejected: a next start could read --out without it, send its row again,
+  // and then find it in --out twice.
+  it("appends no line that had not begun its write, and says the one under way may still land", { timeout: 15_000 }, async () => {
     const { url } = await rewardingRun();
     let release!: () => void;
     disk.holdAppends = new Promise<void>((resolve) => (release = resolve));
@@ -243,37 +265,36 @@ async function settlesWithin(work: Promise<unknown>, ms: number): Promise<boolea
 }
 
 describe("a collection that finished every row, with storage that hangs as it ends", () => {
-  // Before, the closes of a successful collection were waited for without a bound: on a dead mount
-  // the collector never printed its summary nor let go of its lock, while a failed one or a halt
-  // waited at most --run-timeout-s.
-  it("results.jsonl's last sync hanging: fails storage_error (no summary: its rows may not be on disk) within --run-timeout-s, saying what it did not wait for", { timeout: 5_000 }, async () => {
+  // The closes of a successful collection are bounded as a failure's or a halt's are: on a dead
+  // mount the collector still ends, and lets go of its lock.
+  it("results.jsonl's last sync hanging: fails storage_error (no summary: its rows may not be on disk) within --run-timeout-s, saying what it did not wait for", { timeout: 15_000 }, async () => {
     const { url } = await rewardingRun();
     const { logger, lines } = capturingLogger();
     const collector = collectorIn(dir, url, idleController(), { runTimeoutSeconds: 0.2, logger });
     await collector.start();
     disk.hangSyncs = true;
     const run = collector.run();
-    expect(await settlesWithin(run, 2_000)).toBe(true);
+    expect(await settlesWithin(run, 10_000)).toBe(true);
     await expect(run).rejects.toMatchObject({ code: "storage_error", message: expect.stringContaining("did not end within --run-timeout-s") });
     expect(disk.syncing).toBe(1);
     expect(lines.filter((l) => l.startsWith("results.jsonl's sync as the collection ends did not end within --run-timeout-s"))).toHaveLength(1);
   });
 
-  it("the records flush hanging (it syncs results.jsonl first): fails storage_error within --run-timeout-s of each, those rows counted as not written", { timeout: 5_000 }, async () => {
+  it("the records flush hanging (it syncs results.jsonl first): fails storage_error within --run-timeout-s of each, those rows counted as not written", { timeout: 15_000 }, async () => {
     const { url } = await rewardingRun();
     const { logger, lines } = capturingLogger();
     const collector = collectorIn(dir, url, idleController(), { runTimeoutSeconds: 0.2, logger, records: records() });
     await collector.start();
     disk.hangSyncs = true;
     const run = collector.run();
-    expect(await settlesWithin(run, 2_000)).toBe(true);
+    expect(await settlesWithin(run, 10_000)).toBe(true);
     // The last sync of results.jsonl is queued behind the flush's, which never ends: not waited for either.
     await expect(run).rejects.toMatchObject({ code: "storage_error" });
     expect(lines.filter((l) => l.startsWith("the final flush of the rollout records did not end within --run-timeout-s"))).toHaveLength(1);
     expect(collector.summary().records).toMatchObject({ records: 0, unwritten: 1 });
   });
 
-  it("the tasks file's close hanging: the summary within --run-timeout-s, with a warning, the collection's own outcome unchanged", { timeout: 5_000 }, async () => {
+  it("the tasks file's close hanging: the summary within --run-timeout-s, with a warning, the collection's own outcome unchanged", { timeout: 15_000 }, async () => {
     const { url } = await rewardingRun();
     const { logger, lines } = capturingLogger();
     const text = "{}";
@@ -286,8 +307,9 @@ describe("a collection that finished every row, with storage that hangs as it en
     const rows = [{ rolloutId: "a", task: new TaskLineRef(file, 1, 0, 2, digest) }];
     const collector = collectorIn(dir, url, idleController(), { rows, runTimeoutSeconds: 0.2, logger });
     await collector.start();
+    disk.instantSyncs = true;
     const run = collector.run();
-    expect(await settlesWithin(run, 2_000)).toBe(true);
+    expect(await settlesWithin(run, 10_000)).toBe(true);
     expect(await run).toMatchObject({ rows: 1, finished: 1, failed: 0 });
     expect(lines.filter((l) => l.startsWith("the tasks file's close did not end within --run-timeout-s as the collection ends"))).toHaveLength(1);
   });
