@@ -43,7 +43,7 @@ import { OwnCheckpointOps, RESENT_CODES } from "./own-checkpoint-ops.js";
 import { parseStateValue } from "./state-file-value.js";
 import { ProgressReporter, progressClock, type ProgressSnapshot } from "./progress-reporter.js";
 import { anotherCollection, collectionFields, collectionFlags, fromCollectionFields, sameCollection, samePath, type CollectionIdentity } from "./collection-identity.js";
-import { appendResultText, createResultsIfAbsent, distrustedResults, giveUpResultAppends, readResults, readResultsForAppend, readResultsIfPresent, resultLineText, resultWriteUnderWay, syncResults, type FinishedRow } from "./results-file.js";
+import { appendResultText, createResultsIfAbsent, distrustedResults, readResults, readResultsForAppend, readResultsIfPresent, resultLineText, resultWriteUnderWay, syncResults, type FinishedRow } from "./results-file.js";
 import { RolloutRecordsSink, type RolloutRecordsOptions, type RolloutRecordsStats } from "./rollout-records-sink.js";
 import { RowQueue } from "./row-queue.js";
 import { assertConcurrencyFits } from "./scope-ceiling.js";
@@ -256,6 +256,11 @@ export class Collector {
    * after, closing NATS: a prepare it sent would leave the Gym parked until the participants' lease.
    */
   private ended = false;
+  /**
+   * Aborted once the outcome is decided without waiting for the appends to --out still queued (a
+   * failed run(), a halt, a last sync given up): those not begun never begin (giveUpAppends).
+   */
+  private readonly appendsGivenUp = new AbortController();
   /** Finished rows being appended to --out (and buffered as records): halt() waits for them. */
   private readonly finishing = new Set<Promise<void>>();
   /** A sync of --out failed: its last rows were cut off and the collection stops with this (see recordsPublishable). */
@@ -1321,7 +1326,7 @@ export class Collector {
     this.queue.set(state, "done");
     this.queue.setRestored(state, false);
     if (this.records) this.unsynced.add(state.row.rolloutId);
-    await appendResultText(this.options.outPath, line);
+    await appendResultText(this.options.outPath, line, this.appendsGivenUp.signal);
     if (this.records) this.recordRollout(state, trajectory, task);
     const usage = body.usage;
     if (usage) {
@@ -1413,7 +1418,10 @@ export class Collector {
    * which resultsWriteUnderWay says (the lock is kept while it is).
    */
   private giveUpAppends(why: string): void {
-    if (giveUpResultAppends(this.options.outPath, why)) {
+    // Once: a halt after a failed run() (or after the last sync was given up) decides nothing new.
+    if (this.appendsGivenUp.signal.aborted) return;
+    this.appendsGivenUp.abort(new CheckpointError("storage_error", `${this.options.outPath}: not appended: ${why}`));
+    if (resultWriteUnderWay(this.options.outPath)) {
       this.options.logger.warn({ out: this.options.outPath }, "a results.jsonl line's write is under way on storage that hangs and cannot be called back; no later line follows it");
     }
   }

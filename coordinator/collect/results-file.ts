@@ -37,12 +37,6 @@ const pendingCuts = new Map<string, number>();
 /** Appends and syncs in progress per file: the next one to a path waits for the previous one. */
 const appendTails = new Map<string, Promise<void>>();
 
-/**
- * Files whose writer gave up on its appends (giveUpResultAppends): an append not yet begun is
- * refused, never written after its collection's outcome was decided.
- */
-const givenUp = new Map<string, CheckpointError>();
-
 /** Appends whose write is under way per file: once begun, a write cannot be called back. */
 const writing = new Map<string, number>();
 
@@ -81,9 +75,15 @@ export async function appendResult(path: string, line: ResultLine, maxLineBytes 
   return appendResultText(path, resultLineText(line, maxLineBytes));
 }
 
-/** Appends a line resultLineText made, after the appends to `path` before it. */
-export function appendResultText(path: string, text: string): Promise<void> {
-  return queued(path, () => appendWhole(path, text));
+/**
+ * Appends a line resultLineText made, after the appends to `path` before it. Once `givenUp` is
+ * aborted (its writer decided its outcome without waiting for this append: storage that hangs), an
+ * append that has not begun its write never begins it and rejects with the signal's reason. The
+ * signal is the writer's own: a later writer of the same file in this process is not refused, nor
+ * does it let this writer's given-up lines land.
+ */
+export function appendResultText(path: string, text: string, givenUp?: AbortSignal): Promise<void> {
+  return queued(path, () => appendWhole(path, text, givenUp));
 }
 
 /** Runs `step` after the appends and syncs of `path` queued before it. */
@@ -102,10 +102,11 @@ function queued(path: string, step: () => Promise<void>): Promise<void> {
  * is cut off again, since the next append (queued behind it) would land after the fragment and
  * leave it mid-file, where no start-up can read past it.
  */
-async function appendWhole(path: string, text: string): Promise<void> {
+async function appendWhole(path: string, text: string, givenUp: AbortSignal | undefined): Promise<void> {
   // After a failed sync no line lands: whether it reached the disk could never be known.
-  const failure = durability.get(path)?.failure ?? givenUp.get(path);
+  const failure = durability.get(path)?.failure;
   if (failure) throw failure;
+  givenUp?.throwIfAborted();
   // A fragment whose cut failed (below) is cut first: this append must not land after it. Failing
   // again, this append is refused too, rather than leaving the fragment mid-file.
   const cut = pendingCuts.get(path);
@@ -132,17 +133,9 @@ async function appendWhole(path: string, text: string): Promise<void> {
 }
 
 /**
- * The collection's outcome is decided without waiting for the appends to `path` still queued (its
- * storage hangs): none that has not begun its write begins it any more (each is refused, `why`).
- * True when one has begun: a write under way cannot be called back, so its line may still land
- * (whole, or as a torn last line the next start cuts off), and nothing of this process follows it.
+ * Whether an append's write to `path` is under way (begun, not yet returned): it cannot be called
+ * back, so its line may still land, whole or as a torn last line the next start cuts off.
  */
-export function giveUpResultAppends(path: string, why: string): boolean {
-  givenUp.set(path, new CheckpointError("storage_error", `${path}: not appended: ${why}`));
-  return writing.has(path);
-}
-
-/** Whether an append's write to `path` is under way (begun, not yet returned). */
 export function resultWriteUnderWay(path: string): boolean {
   return writing.has(path);
 }
@@ -290,8 +283,6 @@ export async function readResultsIfPresent(path: string, maxLineBytes = MAX_RESU
  * lines it distrusted.
  */
 export async function readResultsForAppend(path: string, maxLineBytes = MAX_RESULT_LINE_BYTES): Promise<Map<string, FinishedRow>> {
-  // A new start's file: appends given up by an earlier collector in this process do not refuse its own.
-  givenUp.delete(path);
   const before = durability.get(path);
   if (before?.failure && !before.cut) throw before.failure;
   const size = await sizeIfExists(path);

@@ -184,6 +184,30 @@ describe("halt() with a results.jsonl append held by its storage", () => {
   });
 });
 
+describe("a next collector in the same process, on the same --out, after a halt with an append held", () => {
+  // A controller embedding the collector may start the next one on the same files before the held
+  // write returns: the halted collector's lines that had not begun their write still never land.
+  it("lets no line the halted collector gave up land once its held write returns", { timeout: 15_000 }, async () => {
+    const { url } = await rewardingRun();
+    let release!: () => void;
+    disk.holdAppends = new Promise<void>((resolve) => (release = resolve));
+    const rows = ["a", "b"].map((rolloutId) => ({ rolloutId, task: {} }));
+    const out = join(dir, "results.jsonl");
+    const halted = collectorIn(dir, url, idleController(), { rows, concurrency: 2, runTimeoutSeconds: 0.2 });
+    await halted.start();
+    void halted.run().catch(() => undefined);
+    await waitUntil(() => disk.appending === 1 && halted.summary().finished === 2, "one row's append under way, the other's queued");
+    await halted.halt();
+    disk.holdAppends = undefined; // the next collector's own appends are not held
+    const next = collectorIn(dir, url, idleController(), { rows, concurrency: 2, runTimeoutSeconds: 0.2 });
+    await next.start();
+    release();
+    await resultAppendsSettled(out);
+    const lines = (await readFile(out, "utf8")).split("\n").filter(Boolean);
+    expect(lines).toHaveLength(1); // the write that had begun; the one queued behind it was given up
+  });
+});
+
 describe("the records flush after a halt, with results.jsonl's sync hanging", () => {
   it("waits at most --run-timeout-s and counts the rows whose records it did not wait for as not written", { timeout: 15_000 }, async () => {
     // a finishes (its line appended, its record buffered); h's /run is never answered.
@@ -240,7 +264,8 @@ describe("a failed run() with a results.jsonl append held by its storage", () =>
     const file = { path: join(dir, "tasks.jsonl"), read: () => new Promise<Buffer>((_, reject) => (failRead = reject)), close: async () => undefined } as unknown as TaskFile;
     const rows = [{ rolloutId: "a", task: {} }, { rolloutId: "b", task: {} }, { rolloutId: "c", task: new TaskLineRef(file, 1, 0, 2, "") }];
     const out = join(dir, "results.jsonl");
-    const collector = collectorIn(dir, url, idleController(), { rows, concurrency: 3, runTimeoutSeconds: 0.2 });
+    const { logger, lines: logged } = capturingLogger();
+    const collector = collectorIn(dir, url, idleController(), { rows, concurrency: 3, runTimeoutSeconds: 0.2, logger });
     await collector.start();
     const run = collector.run();
     run.catch(() => undefined);
@@ -249,6 +274,9 @@ describe("a failed run() with a results.jsonl append held by its storage", () =>
     failRead(Object.assign(new Error("EIO: i/o error, read"), { code: "EIO" }));
     await expect(run).rejects.toThrow(/tasks file/);
     expect(collector.resultsWriteUnderWay).toBe(true);
+    // A SIGINT's halt meanwhile decides nothing new: the write under way is said once.
+    await collector.halt();
+    expect(logged.filter((l) => l.startsWith("a results.jsonl line's write is under way"))).toHaveLength(1);
     release();
     await resultAppendsSettled(out);
     expect(collector.resultsWriteUnderWay).toBe(false);
