@@ -43,7 +43,7 @@ import { OwnCheckpointOps, RESENT_CODES } from "./own-checkpoint-ops.js";
 import { parseStateValue } from "./state-file-value.js";
 import { ProgressReporter, progressClock, type ProgressSnapshot } from "./progress-reporter.js";
 import { anotherCollection, collectionFields, collectionFlags, fromCollectionFields, sameCollection, samePath, type CollectionIdentity } from "./collection-identity.js";
-import { appendResultText, createResultsIfAbsent, distrustedResults, readResults, readResultsForAppend, readResultsIfPresent, resultLineText, resultWriteUnderWay, syncResults, type FinishedRow } from "./results-file.js";
+import { appendResultText, createResultsIfAbsent, distrustedResults, readResults, readResultsForAppend, readResultsIfPresent, resultLineText, resultWritesEnded, resultWriteUnderWay, syncResults, type FinishedRow } from "./results-file.js";
 import { RolloutRecordsSink, type RolloutRecordsOptions, type RolloutRecordsStats } from "./rollout-records-sink.js";
 import { RowQueue } from "./row-queue.js";
 import { assertConcurrencyFits } from "./scope-ceiling.js";
@@ -1433,6 +1433,11 @@ export class Collector {
    */
   get resultsWriteUnderWay(): boolean {
     return resultWriteUnderWay(this.options.outPath);
+  }
+
+  /** Settles once no line's write to --out is under way: the lock resultsWriteUnderWay kept can go then. */
+  resultsWriteEnded(): Promise<void> {
+    return resultWritesEnded(this.options.outPath);
   }
 
   /**

@@ -40,6 +40,9 @@ const appendTails = new Map<string, Promise<void>>();
 /** Appends whose write is under way per file: once begun, a write cannot be called back. */
 const writing = new Map<string, number>();
 
+/** Per file with a write under way and someone waiting: settles once none is (resultWritesEnded). */
+const writesEnded = new Map<string, { ended: Promise<void>; end: () => void }>();
+
 /**
  * Per file: the length its last good sync put on disk, and a failed sync, after which nothing of it
  * is trusted. Linux reports a failed writeback (EIO) once, to the descriptor that synced, and marks
@@ -128,7 +131,11 @@ async function appendWhole(path: string, text: string, givenUp: AbortSignal | un
   } finally {
     const left = writing.get(path)! - 1;
     if (left > 0) writing.set(path, left);
-    else writing.delete(path);
+    else {
+      writing.delete(path);
+      writesEnded.get(path)?.end();
+      writesEnded.delete(path);
+    }
   }
 }
 
@@ -138,6 +145,22 @@ async function appendWhole(path: string, text: string, givenUp: AbortSignal | un
  */
 export function resultWriteUnderWay(path: string): boolean {
   return writing.has(path);
+}
+
+/**
+ * Settles once no append's write to `path` is under way (a failed one cut back first): what was
+ * written is then there for good, whole or not at all (a torn last line only after a crash).
+ */
+export function resultWritesEnded(path: string): Promise<void> {
+  if (!writing.has(path)) return Promise.resolve();
+  let waiting = writesEnded.get(path);
+  if (!waiting) {
+    let end!: () => void;
+    const ended = new Promise<void>((resolve) => (end = resolve));
+    waiting = { ended, end };
+    writesEnded.set(path, waiting);
+  }
+  return waiting.ended;
 }
 
 /** Settles once the appends and syncs queued for `path` so far have ended (each its own way). */

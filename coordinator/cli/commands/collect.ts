@@ -211,9 +211,12 @@ export function register(program: Command): void {
         void closeTaskRows(rows);
         // A results.jsonl line whose write was given up but has begun may still land: collector.pid
         // stays, naming this process, so no start reads --out before that write ends (the process
-        // cannot end before it either); then the next start takes the file over as stale.
+        // cannot end before it either). Removed once it returns if this process is still there (a
+        // failed collection ends when nothing is left to wait for); otherwise the next start takes
+        // the file over as stale.
         if (collector?.resultsWriteUnderWay) {
-          logger?.warn({ file: lock.path }, "collector.pid is left in place while a results.jsonl line's write is under way; the next start takes it over once this process has ended");
+          logger?.warn({ file: lock.path }, "collector.pid is left in place while a results.jsonl line's write is under way; it is removed once that write returns");
+          void collector.resultsWriteEnded().then(() => lock.release()).catch(() => undefined);
         } else {
           await lock.release().catch(() => undefined);
         }

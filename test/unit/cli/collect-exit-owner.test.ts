@@ -32,6 +32,8 @@ const steer = vi.hoisted(() => ({
   unwritten: 0,
   /** What resultsWriteUnderWay says: a results.jsonl line's write given up but begun. */
   writeUnderWay: false,
+  /** What resultsWriteEnded() returns: settles once that write has returned. */
+  writeEnded: undefined as unknown as { promise: Promise<void>; resolve: (v: void) => void },
 }));
 vi.mock("../../../coordinator/collect/collector.js", async (importOriginal) => {
   const original = await importOriginal<typeof import("../../../coordinator/collect/collector.js")>();
@@ -41,6 +43,9 @@ vi.mock("../../../coordinator/collect/collector.js", async (importOriginal) => {
     }
     get resultsWriteUnderWay() {
       return steer.writeUnderWay;
+    }
+    resultsWriteEnded() {
+      return steer.writeEnded.promise;
     }
     async start() {}
     run() {
@@ -103,6 +108,7 @@ beforeEach(async () => {
   steer.flushed = 0;
   steer.unwritten = 0;
   steer.writeUnderWay = false;
+  steer.writeEnded = settable<void>();
   vi.spyOn(process.stderr, "write").mockImplementation((chunk: string | Uint8Array) => ((stderr += String(chunk)), true));
   vi.spyOn(process.stdout, "write").mockImplementation((chunk: string | Uint8Array) => ((stdout += String(chunk)), true));
   vi.spyOn(process, "exit").mockImplementation(((code?: number) => void exits.push(code)) as typeof process.exit);
@@ -306,5 +312,10 @@ describe("gym-ckpt collect: one outcome when a signal and the collection's end r
     expect(stderr).toContain("error storage_error: dispatched.jsonl could not be appended\n");
     expect(process.exitCode).toBe(1);
     expect(existsSync(join(dir, "ckpt", COLLECTOR_LOCK_FILE))).toBe(true);
+    // The write returns while the process is still there (a failed collection sets its exit code
+    // and ends when nothing is left to wait for): the lock is let go then, not left for a take-over.
+    steer.writeUnderWay = false;
+    steer.writeEnded.resolve();
+    await waitUntil(() => !existsSync(join(dir, "ckpt", COLLECTOR_LOCK_FILE)), "collector.pid removed once the write returned", 3000);
   });
 });

@@ -278,8 +278,9 @@ describe("a failed run() with a results.jsonl append held by its storage", () =>
     await collector.halt();
     expect(logged.filter((l) => l.startsWith("a results.jsonl line's write is under way"))).toHaveLength(1);
     release();
-    await resultAppendsSettled(out);
+    await collector.resultsWriteEnded(); // what the command waits for before it lets go of the lock
     expect(collector.resultsWriteUnderWay).toBe(false);
+    await resultAppendsSettled(out);
     const lines = (await readFile(out, "utf8")).split("\n").filter(Boolean).map((l) => (JSON.parse(l) as { rollout_id: string }).rollout_id);
     expect(lines).toHaveLength(1); // the write that had begun landed whole; the other had not begun, and never lands
   });
