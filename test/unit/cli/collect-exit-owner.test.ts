@@ -238,7 +238,7 @@ describe("gym-ckpt collect: one outcome when a signal and the collection's end r
       await waitUntil(() => steer.halted === 1, "the halt after the stop checkpoint");
       expect(stderr).toContain("stopped: checkpoint 20261207T000000Z-stop published; exiting 75");
       process.emit(later);
-      await waitUntil(() => exits.length > 0, "the exit cut short", 3000);
+      await waitUntil(() => exits.length > 0, "the exit cut short");
       expect(exits).toEqual([75]);
       // The halt ends after all: the first path, overtaken, neither reports nor exits again.
       endHalt();
@@ -263,7 +263,7 @@ describe("gym-ckpt collect: one outcome when a signal and the collection's end r
     process.emit("SIGINT");
     await waitUntil(() => steer.halted === 1, "the halt");
     process.emit("SIGINT");
-    await waitUntil(() => exits.length > 0, "the exit cut short", 3000);
+    await waitUntil(() => exits.length > 0, "the exit cut short");
     endHalt();
     await waitUntil(() => steer.flushed >= 1, "the first path's flush");
     steer.run.resolve(SUMMARY);
@@ -290,7 +290,7 @@ describe("gym-ckpt collect: one outcome when a signal and the collection's end r
       await waitUntil(() => steer.running, "the collection running");
       steer.ended = true;
       steer.run.reject(new CheckpointError("storage_error", "dispatched.jsonl could not be appended"));
-      await waitUntil(() => stderr.includes("error storage_error: dispatched.jsonl could not be appended\n"), "the error printed", 3000);
+      await waitUntil(() => stderr.includes("error storage_error: dispatched.jsonl could not be appended\n"), "the error printed");
       await action;
       expect(process.exitCode).toBe(1);
       expect(existsSync(join(dir, "ckpt", COLLECTOR_LOCK_FILE))).toBe(false);
@@ -316,6 +316,6 @@ describe("gym-ckpt collect: one outcome when a signal and the collection's end r
     // and ends when nothing is left to wait for): the lock is let go then, not left for a take-over.
     steer.writeUnderWay = false;
     steer.writeEnded.resolve();
-    await waitUntil(() => !existsSync(join(dir, "ckpt", COLLECTOR_LOCK_FILE)), "collector.pid removed once the write returned", 3000);
+    await waitUntil(() => !existsSync(join(dir, "ckpt", COLLECTOR_LOCK_FILE)), "collector.pid removed once the write returned");
   });
 });
