@@ -244,6 +244,13 @@ export class Collector {
    */
   private readonly collectionFailed = new AbortController();
   /**
+   * Aborted by halt() once it stopped the collection (after resuming the checkpoint it gives up):
+   * from then on run() waits --run-timeout-s at most for its workers (workersHeldPastHalt).
+   */
+  private readonly haltBegun = new AbortController();
+  /** What run() rejects with when its workers were not all back --run-timeout-s after halt(). */
+  private workersLeftAtHalt: CheckpointError | undefined;
+  /**
    * Settles once the checkpoint under way (not a stop), or the start's restore, has been resumed:
    * halt({ resumeCheckpoint }) waits for it, since the exit after it closes NATS, and a prepared
    * checkpoint or a restore nobody resumes keeps the Gym parked (admission closed) until the
@@ -841,6 +848,7 @@ export class Collector {
     };
     UNTIMED_DISPATCHER.on("connect", connected);
     let workers: Promise<void>[] = [];
+    const workersWaitEnded = new AbortController();
     try {
       // Before the first /run: a --new-collection after this one tells by it that no row finished yet.
       await createResultsIfAbsent(this.options.outPath);
@@ -853,7 +861,7 @@ export class Collector {
           throw error;
         }),
       );
-      await Promise.race([Promise.all(workers), rejectedOnAbort(this.collectionFailed.signal)]);
+      await Promise.race([Promise.all(workers), rejectedOnAbort(this.collectionFailed.signal), this.workersHeldPastHalt(workersWaitEnded.signal)]);
       if (this.resultsLost) throw this.resultsLost;
     } catch (error) {
       this.ended = true;
@@ -863,6 +871,14 @@ export class Collector {
       // Our checkpoint under way (timer, SIGUSR1, a SIGTERM's stop) is given up and resumed, as on a
       // SIGINT: nothing may be committed, published or resumed once the failure is out.
       this.leaving.abort();
+      if (error === this.workersLeftAtHalt) {
+        // Halted: halt() waited (bounded) for the appends and the tasks file's close, and its
+        // caller's flushRecords() writes the records; waiting here again would wait on the storage
+        // that holds the workers. A line queued behind the held one never lands after this.
+        this.giveUpAppends("the collector stopped before this line's turn");
+        this.options.progress?.finish();
+        throw error;
+      }
       // Every worker comes back, and our checkpoint, retires and forgets under way end, before
       // run() rejects, so nothing is logged or sent once it has (its caller releases the lock and
       // exits). Bounded: a worker held by storage that hangs (a task line or dispatched.jsonl on a
@@ -881,6 +897,7 @@ export class Collector {
       this.options.progress?.finish(); // the error is printed next
       throw error;
     } finally {
+      workersWaitEnded.abort();
       UNTIMED_DISPATCHER.off("connect", connected);
     }
     this.ended = true;
@@ -983,6 +1000,30 @@ export class Collector {
     for (const wake of this.gateWaiters.splice(0)) wake();
     this.admission.wakeAll();
     this.unreachable.wakeAll();
+  }
+
+  /**
+   * Rejects (storage_error) once run()'s workers are not all back --run-timeout-s after halt(): by
+   * then only storage that hangs holds one (a results.jsonl line's write, a task line read, a
+   * dispatched.jsonl append; a /run in flight has timed out), and a controller embedding the
+   * collector awaits run(). Never settles once `until` aborts (run() stopped waiting for them).
+   */
+  private workersHeldPastHalt(until: AbortSignal): Promise<never> {
+    return new Promise<never>((_, reject) => {
+      const bound = () =>
+        void delay(this.runTimeoutMs / 1000, until).then(() => {
+          if (until.aborted) return;
+          const wait_s = this.runTimeoutMs / 1000;
+          this.workersLeftAtHalt = new CheckpointError(
+            "storage_error",
+            `${this.options.outPath}: a worker did not come back within --run-timeout-s (${wait_s} s) of the halt (its storage hangs?): the row it was finishing may not be in --out, and a line whose write has begun may still land (resultsWriteUnderWay, resultsWriteEnded)`,
+          );
+          reject(this.workersLeftAtHalt);
+        });
+      if (this.haltBegun.signal.aborted) return bound();
+      this.haltBegun.signal.addEventListener("abort", bound, { once: true });
+      until.addEventListener("abort", () => this.haltBegun.signal.removeEventListener("abort", bound), { once: true });
+    });
   }
 
   /**
@@ -1379,7 +1420,9 @@ export class Collector {
    * before this resolves, and none starts after it; so is the start's restore (resumed once it answers).
    * The appends and the tasks file's close are storage, which on a mount that hangs never answers:
    * waited for at most --run-timeout-s in all (as a failed run() waits for its workers), then a
-   * warning says which was not, and the exit goes on without it.
+   * warning says which was not, and the exit goes on without it. run() resolves with the summary
+   * (stopped) once its workers are back, or rejects storage_error if one is not back --run-timeout-s
+   * after this (workersHeldPastHalt).
    */
   async halt({ resumeCheckpoint = false }: { resumeCheckpoint?: boolean } = {}): Promise<void> {
     this.halted = true;
@@ -1388,6 +1431,8 @@ export class Collector {
     clearTimeout(this.retireRetry);
     this.ownOps.clearRetryTimer();
     this.wakeDispatchers();
+    // Workers parked while our checkpoint is open come back now (nothing is sent any more), not when it ends.
+    for (const wake of this.gateWaiters.splice(0)) wake();
     this.admission.wakeAll();
     this.unreachable.wakeAll();
     if (resumeCheckpoint) {
@@ -1397,6 +1442,7 @@ export class Collector {
       this.leaving.abort();
       await this.resumableCheckpoint;
     }
+    this.haltBegun.abort();
     let appended = false;
     const appends = Promise.allSettled([...this.finishing]).then(() => void (appended = true));
     // Closing the tasks file waits for the reads under way (FileHandle.close): a worker held by its

@@ -164,6 +164,27 @@ describe("halt() with storage that hangs", () => {
   });
 });
 
+describe("run() after a halt, with a results.jsonl write that never returns", () => {
+  // A controller embedding the collector awaits run(): a worker held in a write to --out must not
+  // keep it waiting for good, as the CLI's own exit does not.
+  it("rejects storage_error within --run-timeout-s of the halt, the write under way still said to be under way", { timeout: 15_000 }, async () => {
+    const { url } = await rewardingRun();
+    disk.hangAppends = true;
+    const { logger, lines } = capturingLogger();
+    const collector = collectorIn(dir, url, idleController(), { concurrency: 1, runTimeoutSeconds: 0.2, logger });
+    await collector.start();
+    const run = collector.run();
+    run.catch(() => undefined);
+    await waitUntil(() => disk.appending === 1, "a's append to results.jsonl");
+    await collector.halt();
+    expect(await settlesWithin(run, 5_000)).toBe(true);
+    await expect(run).rejects.toMatchObject({ code: "storage_error", message: expect.stringMatching(/a worker did not come back within --run-timeout-s \(0\.2 s\) of the halt/) });
+    expect(collector.resultsWriteUnderWay).toBe(true); // what an embedding controller waits out (resultsWriteEnded) before another collector on --out
+    // halt() said what it did not wait for, once; run()'s rejection adds no line of its own.
+    expect(lines.filter((l) => l.startsWith("rows being appended to results.jsonl did not end within --run-timeout-s of the halt"))).toHaveLength(1);
+  });
+});
+
 describe("halt() with a results.jsonl append held by its storage", () => {
   it("appends no line queued behind it once the halt went on without it", { timeout: 15_000 }, async () => {
     const { url } = await rewardingRun();
