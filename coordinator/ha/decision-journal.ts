@@ -1,5 +1,5 @@
 import type { KV, KvEntry } from "@nats-io/kv";
-import { jetstream, jetstreamManager, type JetStreamManager, type StoredMsg } from "@nats-io/jetstream";
+import { jetstream, jetstreamManager, type JetStreamManager, type JetStreamOptions, type StoredMsg } from "@nats-io/jetstream";
 import { Empty, headers, type NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "pino";
 import { z } from "zod";
@@ -185,7 +185,7 @@ export class KvDecisionJournal implements DecisionJournal {
     private readonly nc: NatsConnection,
     private readonly bucket: string,
     private readonly kv: KV,
-    private readonly options: { logger?: Logger; markerKeepMs: number; inCatalog?: (checkpointId: string) => boolean },
+    private readonly options: { logger?: Logger; markerKeepMs: number; inCatalog?: (checkpointId: string) => boolean; jsOptions: JetStreamOptions },
   ) {}
 
   /**
@@ -195,6 +195,8 @@ export class KvDecisionJournal implements DecisionJournal {
    * retried, and a leader without the record would answer from a memory a successor's restore may
    * have outdated. A throw (the storage unmounted) tells nothing: kept. Without `inCatalog` (a tool,
    * which cannot tell), every such record is kept.
+   * `requestTimeoutMs`: how long each of the journal's JetStream requests waits for its answer
+   * (nats.js' default, 5 s, when not given); a write unanswered by then is in doubt (see fenced).
    */
   static async open(
     nc: NatsConnection,
@@ -202,10 +204,12 @@ export class KvDecisionJournal implements DecisionJournal {
     logger?: Logger,
     markerKeepMs = MARKER_KEEP_MS,
     inCatalog?: (checkpointId: string) => boolean,
+    requestTimeoutMs?: number,
   ): Promise<KvDecisionJournal> {
     const bucket = journalBucket(deployment);
+    const jsOptions: JetStreamOptions = requestTimeoutMs === undefined ? {} : { timeout: requestTimeoutMs };
     // Entries are removed by kv.purge and their markers dropped by stream purges: see remove, compactMarkers.
-    const kv = await openBucketAsserted(nc, bucket, { history: 1, ttl: 0, purges: "keys" });
+    const kv = await openBucketAsserted(nc, bucket, { history: 1, ttl: 0, purges: "keys", requestTimeoutMs });
     // Every read asks the stream's leader: in an R3 bucket a direct get may be answered by a replica
     // that lags, whose copy would have a recovery miss a decided entry (presumed abort), act on one
     // removed, or write against a stale revision (refused not_leader), and a removal's read-back
@@ -213,7 +217,7 @@ export class KvDecisionJournal implements DecisionJournal {
     // acknowledgement, and for a restore's outcome record (restoreOutcome: restores are rare), so
     // the leader's load stays small.
     readsFromStreamLeader(kv);
-    return new KvDecisionJournal(nc, bucket, kv, { logger: logger?.child({ module: "journal" }), markerKeepMs, inCatalog });
+    return new KvDecisionJournal(nc, bucket, kv, { logger: logger?.child({ module: "journal" }), markerKeepMs, inCatalog, jsOptions });
   }
 
   private get logger(): Logger | undefined {
@@ -253,7 +257,7 @@ export class KvDecisionJournal implements DecisionJournal {
       this.logger?.warn({ records: unreadable.length, keys: unreadable.slice(0, 10).map((u) => u.key), err: unreadable[0]!.error }, "journal_restore_outcomes_kept_catalog_unreadable");
     }
     if (dropped.length === 0) return;
-    const jsm = await jetstreamManager(this.nc);
+    const jsm = await jetstreamManager(this.nc, this.options.jsOptions);
     for (const { key, revision } of dropped) await jsm.streams.purge(`KV_${this.bucket}`, { filter: `$KV.${this.bucket}.${key}`, seq: revision + 1 });
     this.logger?.info({ markers: dropped.length }, "journal_markers_dropped");
   }
@@ -335,7 +339,7 @@ export class KvDecisionJournal implements DecisionJournal {
     const h = headers();
     h.set("KV-Operation", "PURGE");
     h.set("Nats-Rollup", "sub");
-    await jetstream(this.nc).publish(`$KV.${this.bucket}.${key}`, body, { headers: h, expect: { lastSubjectSequence: revision } });
+    await jetstream(this.nc, this.options.jsOptions).publish(`$KV.${this.bucket}.${key}`, body, { headers: h, expect: { lastSubjectSequence: revision } });
   }
 
   async restoreOutcome(checkpointId: string): Promise<RestoreOutcome | undefined> {
@@ -359,7 +363,7 @@ export class KvDecisionJournal implements DecisionJournal {
 
   /** The key's latest message (null: none) at the stream's leader: a replica's direct get may lag. */
   private async latestAtLeader(key: string): Promise<StoredMsg | null> {
-    this.jsm ??= await jetstreamManager(this.nc);
+    this.jsm ??= await jetstreamManager(this.nc, this.options.jsOptions);
     return this.jsm.streams.getMessage(`KV_${this.bucket}`, { last_by_subj: `$KV.${this.bucket}.${key}` });
   }
 

@@ -1,4 +1,4 @@
-import { jetstreamManager, RetentionPolicy, StorageType, type StreamConfig } from "@nats-io/jetstream";
+import { jetstream, jetstreamManager, RetentionPolicy, StorageType, type StreamConfig } from "@nats-io/jetstream";
 import { Bucket, Kvm, type KV } from "@nats-io/kv";
 import { nanos, type NatsConnection } from "@nats-io/transport-node";
 import { awaitBucketStore, CheckpointError, kvReplicas, MAX_CONTROL_MESSAGE_BYTES } from "../../protocol/index.js";
@@ -22,6 +22,8 @@ export interface BucketOptions {
    * which a stream never takes back); unset, the bucket is never purged (the members).
    */
   purges?: "stream" | "keys";
+  /** How long each JetStream request of the returned bucket waits for its answer; nats.js' default (5 s) when not given. */
+  requestTimeoutMs?: number;
 }
 
 /**
@@ -96,7 +98,8 @@ function limitsOff(config: StreamConfig, options: BucketOptions): string[] {
  */
 export async function openBucketAsserted(nc: NatsConnection, name: string, options: BucketOptions): Promise<KV> {
   const replicas = kvReplicas(nc.info);
-  const kv = await new Kvm(nc).create(name, { history: options.history, replicas, ...(options.ttl > 0 ? { ttl: options.ttl } : {}) });
+  const js = options.requestTimeoutMs === undefined ? nc : jetstream(nc, { timeout: options.requestTimeoutMs });
+  const kv = await new Kvm(js).create(name, { history: options.history, replicas, ...(options.ttl > 0 ? { ttl: options.ttl } : {}) });
   // Another process may be creating the bucket this moment; its keys are read at the stream's leader.
   await awaitBucketStore(nc, name);
   const matches = async () => {

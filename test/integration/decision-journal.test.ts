@@ -302,7 +302,8 @@ describe("KV decision journal: a removal whose acknowledgement was lost, landed 
     const proxy = await startStallProxy(nats.server.port);
     const nc = await connect({ servers: proxy.url, maxReconnectAttempts: -1, reconnectTimeWait: 100 });
     try {
-      const journal = await KvDecisionJournal.open(nc, "jpurge-late");
+      // Each stalled request gives up after 1 s, not nats.js' 5 s: the test waits out two of them.
+      const journal = await KvDecisionJournal.open(nc, "jpurge-late", undefined, undefined, undefined, 1_000);
       await journal.record(journalEntry({ checkpoint_id: "ck", state: "resuming", participants: [{ kind: "environment", instance: "e1" }] }));
       // The coordinator's connection stalls: its purge, then its read-back of the key, time out unanswered.
       proxy.stall();
