@@ -257,7 +257,8 @@ function splitUnit(text: string): { before: string; unit: string } | undefined {
   const wrapper = FINAL_TEXT_WRAPPER.exec(answer);
   if (!wrapper) return undefined;
   const number = numberOpeningWrapper(wrapper[1]!);
-  const unit = wrapper[1]!.slice(number.length).trim() + (wrapper[2] ?? "");
+  // Spacing after the caret is LaTeX's (`\text{ m}^ 2` is m²): the power is read without it.
+  const unit = wrapper[1]!.slice(number.length).trim() + (wrapper[2] ?? "").replace(/\s+/g, "");
   const withCaret = powersWithCaret(unit);
   // A constant or an exponent's marker raised to a power is still no unit: `2\mathrm{e}^2` is 2e², not 2.
   const base = withCaret.replace(FINAL_POWER, "");

@@ -112,6 +112,10 @@ describe("math verifier: a unit's powers however written", () => {
     ["12\\text{ cm³}", "12\\text{ cm^3}", 1],
     // A wrapped unit with its power against the bare number: the unit ignored, as any.
     ["5", "5\\text{ m}^2", 1],
+    // Spacing after the caret is LaTeX's, no part of the power: `^ 2` is `^2`.
+    ["5", "5\\text{ m}^ 2", 1],
+    ["5", "5\\,\\mathrm{s}^ {-1}", 1],
+    ["5\\text{ m^2}", "5\\text{ m}^ 2", 1],
     ["5", "5\\,\\mathrm{m^{2}}", 1],
     ["5", "5\\text{ m²}", 1],
     ["5\\text{ cm}^2", "5", 1],
