@@ -126,7 +126,7 @@ const UPRIGHT_CONSTANTS = new Set(["e", "i", "π"]);
 const FINAL_POWER = /\^-?\d+$/;
 /**
  * An exponent (`e3`, `E-3`): no unit either. The wrapper is read as what it holds, so `1.5\text{ e3}`
- * normalizes to 1500; taken as 1.5 in a unit `e3` it was also 1.5, right against both. So is an
+ * normalizes to 1500; taken as 1.5 in a unit `e3` it would equal 1.5 too, right against both. So is an
  * exponent's marker without its digits (`2\text{ E}`, `2\text{ E-}`): a malformed number, as the
  * upright `e` is a constant, never 2 in a unit `E` (no unit's symbol).
  */

@@ -71,7 +71,7 @@ describe("math verifier: an exponent marker without digits is no unit", () => {
     ["2", "2\\text{ e}", 0],
     // Read as written, it equals only the same text.
     ["2\\text{ E}", "2\\text{E}", 1],
-    // With digits it is an exponent, as before.
+    // With digits it is an exponent: `1.5\text{ E3}` is 1500.
     ["1500", "1.5\\text{ E3}", 1],
   ] as const)("expected %s, answer %s: reward %i", async (expected, answer, expectedReward) => {
     expect(await reward(expected, answer)).toBe(expectedReward);
