@@ -121,6 +121,8 @@ async function appendWhole(path: string, text: string, givenUp: AbortSignal | un
   }
   // Unknown (the file cannot be looked at): nothing is cut.
   const before = await sizeIfExists(path).then((size) => size ?? 0, () => undefined);
+  // Looked at again: the cut and the size read are storage too, and may have hung past the give-up.
+  givenUp?.throwIfAborted();
   writing.set(path, (writing.get(path) ?? 0) + 1);
   try {
     await appendFile(path, text);
