@@ -1003,16 +1003,20 @@ export class Collector {
   }
 
   /**
-   * Rejects (storage_error) once run()'s workers are not all back --run-timeout-s after halt(): by
-   * then only storage that hangs holds one (a results.jsonl line's write, a task line read, a
-   * dispatched.jsonl append; a /run in flight has timed out), and a controller embedding the
-   * collector awaits run(). Never settles once `until` aborts (run() stopped waiting for them).
+   * Rejects (storage_error) once run()'s workers are not all back --run-timeout-s after halt() and
+   * no /run is in flight: then only storage that hangs holds one (a results.jsonl line's write, a
+   * task line read, a dispatched.jsonl append), and a controller embedding the collector awaits
+   * run(). While a /run is in flight (it ends by its own timeout) the bound starts again. Never
+   * settles once `until` aborts (run() stopped waiting for them).
    */
   private workersHeldPastHalt(until: AbortSignal): Promise<never> {
     return new Promise<never>((_, reject) => {
       const bound = () =>
         void delay(this.runTimeoutMs / 1000, until).then(() => {
           if (until.aborted) return;
+          // A /run still running holds its worker, not storage (its timeout paused while our
+          // checkpoint stays open, or armed just before the halt): waited for, as it ends on its own.
+          if (this.runTimeouts.inFlight > 0) return bound();
           const wait_s = this.runTimeoutMs / 1000;
           this.workersLeftAtHalt = new CheckpointError(
             "storage_error",

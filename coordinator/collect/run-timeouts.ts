@@ -24,6 +24,11 @@ export class RunTimeouts {
     };
   }
 
+  /** How many calls are in flight (started, not yet done or timed out). */
+  get inFlight(): number {
+    return this.active.size;
+  }
+
   /** Aborts every call in flight now (the collection gave up). */
   abortAll(): void {
     for (const entry of this.active) {

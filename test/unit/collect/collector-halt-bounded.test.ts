@@ -185,6 +185,25 @@ describe("run() after a halt, with a results.jsonl write that never returns", ()
   });
 });
 
+describe("run() after a halt, with a /run still in flight", () => {
+  // Only storage holds a worker past the bound: a /run still running (its timeout paused by our
+  // checkpoint, say) is no storage that hangs, and run() waits for it as for any worker.
+  it("waits for the worker, and does not reject as if storage held it", { timeout: 15_000 }, async () => {
+    const { url, requests } = await rewardingRun(["a"]);
+    const collector = collectorIn(dir, url, idleController(), { concurrency: 1, runTimeoutSeconds: 0.2 });
+    await collector.start();
+    const run = collector.run();
+    run.catch(() => undefined);
+    await waitUntil(() => requests.length === 1, "a's /run");
+    await collector.halt();
+    expect(await settlesWithin(run, 1_000)).toBe(false);
+    server!.closeAllConnections(); // the /run ends
+    expect(await settlesWithin(run, 5_000)).toBe(true);
+    const outcome = await run.then(() => undefined, (error: Error) => error.message);
+    expect(outcome ?? "").not.toMatch(/did not come back within --run-timeout-s/);
+  });
+});
+
 describe("halt() with a results.jsonl append held by its storage", () => {
   it("appends no line queued behind it once the halt went on without it", { timeout: 15_000 }, async () => {
     const { url } = await rewardingRun();
