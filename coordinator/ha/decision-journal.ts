@@ -246,12 +246,11 @@ export class KvDecisionJournal implements DecisionJournal {
     const old = (await latestEntries(this.kv)).filter((e) => e.operation !== "PUT" && e.created.getTime() <= now - this.options.markerKeepMs);
     // A key that is no checkpoint id names no checkpoint a restore could outlive: nothing this journal
     // wrote (a hand-written marker, a buggy version's), which the catalog would refuse to look up.
-    // Dropped at the plain markers' age, whatever its body, and named once as it goes.
+    // Dropped at the plain markers' age, whatever its body, and named once it went.
     // A set: recovery's compaction walks every old marker, and a buggy writer may have left many.
     const invalidIds = new Set(old.filter((e) => !CheckpointIdSchema.safeParse(e.key).success).map((e) => e.key));
     // A restore's marker (it has a body: its outcome) also waits for its checkpoint to leave the catalog.
     const dropped = old.filter((e) => e.length === 0 || invalidIds.has(e.key) || this.checkpointGone(e.key, unreadable));
-    if (invalidIds.size) this.logger?.warn({ markers: invalidIds.size, keys: [...invalidIds].slice(0, 10) }, "journal_markers_of_invalid_ids_dropped");
     // One line per compaction: while the root is unmounted every record is kept, and one each was a flood.
     if (unreadable.length) {
       this.logger?.warn({ records: unreadable.length, keys: unreadable.slice(0, 10).map((u) => u.key), err: unreadable[0]!.error }, "journal_restore_outcomes_kept_catalog_unreadable");
@@ -259,6 +258,8 @@ export class KvDecisionJournal implements DecisionJournal {
     if (dropped.length === 0) return;
     const jsm = await jetstreamManager(this.nc, this.options.jsOptions);
     for (const { key, revision } of dropped) await jsm.streams.purge(`KV_${this.bucket}`, { filter: `$KV.${this.bucket}.${key}`, seq: revision + 1 });
+    // Once purged: a purge that fails is logged as the compaction's failure, and tried again next time.
+    if (invalidIds.size) this.logger?.warn({ markers: invalidIds.size, keys: [...invalidIds].slice(0, 10) }, "journal_markers_of_invalid_ids_dropped");
     this.logger?.info({ markers: dropped.length }, "journal_markers_dropped");
   }
 
