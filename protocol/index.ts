@@ -262,6 +262,6 @@ export type {
   RunTrajectory,
 } from "./rollout-records.js";
 import "./nats-write-after-end.js";
-export { DEFAULT_NATS_URL, isWrongRevision, kvReplicas, NATS_INBOX_PREFIXES, NATS_OP_REPLY_PREFIX, NATS_PING_OPTIONS, natsServers, natsSettings, redactNatsServers, type NatsRole, type NatsServerInfo } from "./nats-connection.js";
+export { DEFAULT_NATS_URL, isWrongRevision, kvReplicas, DEFAULT_NATS_CONNECT_TIMEOUT_MS, MAX_NATS_CONNECT_TIMEOUT_MS, natsConnectTimeoutMs, NATS_INBOX_PREFIXES, NATS_OP_REPLY_PREFIX, NATS_PING_OPTIONS, natsServers, natsSettings, redactNatsServers, type NatsRole, type NatsServerInfo } from "./nats-connection.js";
 export type { NatsConnectionSettings } from "./nats-connection.js";
 export { connectNats, connectNatsWithin, DEFAULT_NATS_CONNECT_WAIT_MS, MAX_NATS_CONNECT_WAIT_MS, type FirstConnectFailure } from "./nats-first-connect.js";

@@ -10,6 +10,8 @@ export interface NatsConnectionSettings {
   user?: string;
   pass?: string;
   token?: string;
+  /** GYM_CKPT_NATS_CONNECT_TIMEOUT_MS when set; else nats.js's own first-connect timeout (20 s). */
+  timeout?: number;
 }
 
 /** A comma-separated list of server URLs (`invalid_request` when it names none). */
@@ -58,15 +60,37 @@ export type NatsRole = keyof typeof NATS_INBOX_PREFIXES;
  */
 export const NATS_OP_REPLY_PREFIX = "_INBOX_gym_ckpt_coordinator_ops";
 
+/** nats.js's first-connect timeout, the default of GYM_CKPT_NATS_CONNECT_TIMEOUT_MS. */
+export const DEFAULT_NATS_CONNECT_TIMEOUT_MS = 20_000;
+/** The largest GYM_CKPT_NATS_CONNECT_TIMEOUT_MS: a connect waiting longer is a hang, not a slow server. */
+export const MAX_NATS_CONNECT_TIMEOUT_MS = 600_000;
+
+/**
+ * How long one first connect waits for a server to answer (its INFO, then the handshake), from
+ * GYM_CKPT_NATS_CONNECT_TIMEOUT_MS: a whole number of ms from 1 to 600000; unset (or empty),
+ * nats.js's own 20 s. A port that accepts but never speaks NATS is only noticed when it ends.
+ */
+export function natsConnectTimeoutMs(env: Record<string, string | undefined> = process.env): number | undefined {
+  const value = envSetting("GYM_CKPT_NATS_CONNECT_TIMEOUT_MS", env);
+  if (value === undefined) return undefined;
+  if (!/^\d+$/.test(value) || Number(value) < 1 || Number(value) > MAX_NATS_CONNECT_TIMEOUT_MS) {
+    throw new CheckpointError("invalid_request", `GYM_CKPT_NATS_CONNECT_TIMEOUT_MS must be a whole number of milliseconds from 1 to ${MAX_NATS_CONNECT_TIMEOUT_MS}, got ${JSON.stringify(value)}`);
+  }
+  return Number(value);
+}
+
 /**
  * The servers (`servers`, else GYM_CKPT_NATS_URL, else the default) and the credentials in
  * GYM_CKPT_NATS_USER / GYM_CKPT_NATS_PASS / GYM_CKPT_NATS_TOKEN: the variables the coordinator's
- * config reads, so participants, the CLI and the collector authenticate the same way. They are
+ * config reads, so participants, the CLI and the collector authenticate the same way; and the first
+ * connect's timeout (`natsConnectTimeoutMs`), as the coordinator's `nats.connect_timeout_ms`. They are
  * connection options because nats.js does not take credentials from a `user:pass@` URL.
  */
 export function natsSettings(servers: string | undefined, env: Record<string, string | undefined> = process.env): NatsConnectionSettings {
+  const timeout = natsConnectTimeoutMs(env);
   return {
     servers: natsServers(servers ?? envSetting("GYM_CKPT_NATS_URL", env) ?? DEFAULT_NATS_URL),
+    ...(timeout !== undefined && { timeout }),
     ...(env.GYM_CKPT_NATS_USER && { user: env.GYM_CKPT_NATS_USER }),
     ...(env.GYM_CKPT_NATS_PASS && { pass: env.GYM_CKPT_NATS_PASS }),
     ...(env.GYM_CKPT_NATS_TOKEN && { token: env.GYM_CKPT_NATS_TOKEN }),

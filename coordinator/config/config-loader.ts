@@ -15,6 +15,7 @@ export const CONFIG_ENV: readonly { env: string; path: string; type: EnvType }[]
   { env: "GYM_CKPT_NATS_PASS", path: "nats.pass", type: "string" },
   { env: "GYM_CKPT_NATS_TOKEN", path: "nats.token", type: "string" },
   { env: "GYM_CKPT_NATS_CONNECT_WAIT_MS", path: "nats.connect_wait_ms", type: "number" },
+  { env: "GYM_CKPT_NATS_CONNECT_TIMEOUT_MS", path: "nats.connect_timeout_ms", type: "number" },
   { env: "GYM_CKPT_TOKEN", path: "token", type: "string" },
   { env: "GYM_CKPT_CONTROLLER_TOKEN", path: "controller_token", type: "string" },
   { env: "GYM_CKPT_CHECKPOINT_ROOT", path: "checkpoint_root", type: "string" },

@@ -1,6 +1,6 @@
 import { isAbsolute } from "node:path";
 import { z } from "zod";
-import { BearerTokenSchema, DEFAULT_NATS_CONNECT_WAIT_MS, DEFAULT_NATS_URL, DeploymentSchema, InstanceSchema, KindSchema, MAX_DEADLINE_AHEAD_S, MAX_NATS_CONNECT_WAIT_MS, MIN_LEASE_MS, type Kind } from "../../protocol/index.js";
+import { BearerTokenSchema, DEFAULT_NATS_CONNECT_TIMEOUT_MS, DEFAULT_NATS_CONNECT_WAIT_MS, DEFAULT_NATS_URL, DeploymentSchema, InstanceSchema, KindSchema, MAX_DEADLINE_AHEAD_S, MAX_NATS_CONNECT_TIMEOUT_MS, MAX_NATS_CONNECT_WAIT_MS, MIN_LEASE_MS, type Kind } from "../../protocol/index.js";
 import { LOG_LEVELS } from "../telemetry/logger.js";
 
 /** The longest `stop_grace_ms`: the HTTP client waits at most this long (and a minute) on a coordinator that closed its listener to stop. */
@@ -46,9 +46,11 @@ export const CoordinatorConfigSchema = z
         token: z.string().optional(),
         /** How long the start waits for a NATS server that does not accept connections yet (0: try once; then exit 1). */
         connect_wait_ms: z.number().int().min(0).max(MAX_NATS_CONNECT_WAIT_MS).default(DEFAULT_NATS_CONNECT_WAIT_MS),
+        /** How long one connect waits for a server that accepted the TCP connection to speak NATS (nats.js's `timeout`). */
+        connect_timeout_ms: z.number().int().min(1).max(MAX_NATS_CONNECT_TIMEOUT_MS).default(DEFAULT_NATS_CONNECT_TIMEOUT_MS),
       })
       .strict()
-      .default({ servers: DEFAULT_NATS_URL, connect_wait_ms: DEFAULT_NATS_CONNECT_WAIT_MS }),
+      .default({ servers: DEFAULT_NATS_URL, connect_wait_ms: DEFAULT_NATS_CONNECT_WAIT_MS, connect_timeout_ms: DEFAULT_NATS_CONNECT_TIMEOUT_MS }),
     /** Bearer token of the participants' control subjects (required). */
     token: BearerTokenSchema,
     /** Bearer token of the controller API (NATS and HTTP); defaults to `token`. */

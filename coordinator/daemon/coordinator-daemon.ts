@@ -119,6 +119,7 @@ export async function startCoordinator(options: StartCoordinatorOptions): Promis
     (await connectNatsWithin({
       servers: natsServers(config.nats.servers),
       name: `gym-ckpt-coordinator-${id}`,
+      timeout: config.nats.connect_timeout_ms,
       inboxPrefix: NATS_INBOX_PREFIXES.coordinator,
       maxReconnectAttempts: -1,
       reconnectTimeWait: 500,

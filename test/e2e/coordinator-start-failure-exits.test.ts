@@ -215,10 +215,17 @@ describe("coordinator start-up failure", () => {
     });
     await new Promise<void>((resolve) => silent.listen(0, "127.0.0.1", resolve));
     const url = `nats://127.0.0.1:${(silent.address() as { port: number }).port}`;
+    // The same timeout path as nats.js's 20 s default, only sooner: the connect still times out after
+    // the TCP connection was accepted. A connect wait of 0 keeps the daemon to its one try, as 20 s
+    // past its default 10 s wait does.
+    const timeout = { GYM_CKPT_NATS_CONNECT_TIMEOUT_MS: "2000" };
     try {
-      const daemon = spawnDaemon([MAIN, "coordinator", "--deployment", `startsilent${process.pid}`, "--nats-url", url, "--token", "t", "--checkpoint-root", join(dir, "silent"), "--no-http", "--log-level", "warn"]);
+      const daemon = spawnDaemon(
+        [MAIN, "coordinator", "--deployment", `startsilent${process.pid}`, "--nats-url", url, "--token", "t", "--checkpoint-root", join(dir, "silent"), "--no-http", "--log-level", "warn"],
+        { ...timeout, GYM_CKPT_NATS_CONNECT_WAIT_MS: "0" },
+      );
       daemons.push(daemon);
-      const status = cli(["status", "--nats-url", url, "--token", "t"]);
+      const status = cli(["status", "--nats-url", url, "--token", "t"], timeout);
       const outcome = await Promise.race([daemon.exited, new Promise<"still running">((resolve) => setTimeout(() => resolve("still running"), 35_000).unref())]);
       expect(daemon.stderr()).toMatch(/^error not_leader: cannot reach NATS at nats:\/\/127\.0\.0\.1:\d+ \(timeout\): this coordinator cannot start/m);
       expect(outcome).toEqual({ code: 1, signal: null });

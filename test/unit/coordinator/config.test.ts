@@ -59,6 +59,15 @@ describe("coordinator config", () => {
     expect(() => loadConfig({ env: { ...base, GYM_CKPT_REQUEST_ATTEMPT_MS: "2200000000" } })).toThrow(expect.objectContaining({ code: "invalid_request", message: expect.stringContaining("request_attempt_ms") }));
   });
 
+  it("nats.connect_timeout_ms (GYM_CKPT_NATS_CONNECT_TIMEOUT_MS) is 1 to 600000, nats.js's 20 s by default, as every other process reads it", () => {
+    const base = { GYM_CKPT_TOKEN: "t", GYM_CKPT_CHECKPOINT_ROOT: "/data/ck" };
+    expect(loadConfig({ env: base }).nats.connect_timeout_ms).toBe(20_000);
+    expect(loadConfig({ env: { ...base, GYM_CKPT_NATS_CONNECT_TIMEOUT_MS: "2000" } }).nats.connect_timeout_ms).toBe(2000);
+    for (const bad of ["0", "600001", "1.5", "2e3", "soon"]) {
+      expect(() => loadConfig({ env: { ...base, GYM_CKPT_NATS_CONNECT_TIMEOUT_MS: bad } }), bad).toThrow(expect.objectContaining({ code: "invalid_request", message: expect.stringContaining("GYM_CKPT_NATS_CONNECT_TIMEOUT_MS") }));
+    }
+  });
+
   it("request_probe_ms is 0 (no probes) or at least 100", () => {
     const base = { GYM_CKPT_TOKEN: "t", GYM_CKPT_CHECKPOINT_ROOT: "/data/ck" };
     expect(loadConfig({ env: { ...base, GYM_CKPT_REQUEST_PROBE_MS: "0" } }).request_probe_ms).toBe(0);
