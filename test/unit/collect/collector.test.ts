@@ -2729,6 +2729,17 @@ describe("collector across a coordinator failover (the engine, then its successo
     return { controller, fake, journal, url, release, arrived, recoveries, engine: () => coordinator.engine, failover };
   }
 
+  /** A failover world whose environment exports row a, its collector started and a's /run arrived. */
+  async function runningRowA(fate: (op: string, n: number) => Fate) {
+    const w = await failoverWorld(fate);
+    w.fake.exported.set("environment.e1", ["a"]);
+    const collector = collectorIn(w);
+    await collector.start();
+    const run = collector.run();
+    await waitUntil(() => w.arrived.length === 1, "the /run of a");
+    return { w, collector, run };
+  }
+
   /** Participants sent `op` since `from` (an index into the fake's calls). */
   const sent = (fake: { calls: { op: string }[] }, op: string, from = 0) => fake.calls.slice(from).filter((c) => c.op === op).length;
 
@@ -2736,12 +2747,7 @@ describe("collector across a coordinator failover (the engine, then its successo
     ["died-after", "published, then SIGKILLed before its reply"],
     ["died-before", "SIGKILLed before the publish reached it (its successor re-drives the decided commit)"],
   ] as const)("a stop checkpoint's publish whose coordinator %s (%s) is sent again: published, and its parked Gym is not resumed", async (fate, _when) => {
-    const w = await failoverWorld((op, n) => (op === "publish" && n === 1 ? fate : "pass"));
-    w.fake.exported.set("environment.e1", ["a"]);
-    const collector = collectorIn(w);
-    await collector.start();
-    void collector.run();
-    await waitUntil(() => w.arrived.length === 1, "the /run of a");
+    const { w, collector } = await runningRowA((op, n) => (op === "publish" && n === 1 ? fate : "pass"));
     const result = await collector.checkpoint({ stop: true });
     expect(w.recoveries).toHaveLength(1);
     expect(result.published).toBe(true);
@@ -2751,12 +2757,7 @@ describe("collector across a coordinator failover (the engine, then its successo
   });
 
   it("a checkpoint's publish whose coordinator died after publishing it is sent again: counted as published, then resumed", async () => {
-    const w = await failoverWorld((op, n) => (op === "publish" && n === 1 ? "died-after" : "pass"));
-    w.fake.exported.set("environment.e1", ["a"]);
-    const collector = collectorIn(w);
-    await collector.start();
-    const run = collector.run();
-    await waitUntil(() => w.arrived.length === 1, "the /run of a");
+    const { w, collector, run } = await runningRowA((op, n) => (op === "publish" && n === 1 ? "died-after" : "pass"));
     const result = await collector.checkpoint({ stop: false });
     expect(w.recoveries).toEqual([[`${result.checkpointId}:published_open`]]);
     expect(result.published).toBe(true);
@@ -2766,12 +2767,7 @@ describe("collector across a coordinator failover (the engine, then its successo
   });
 
   it("a publish whose every reply was lost is checked against the catalog, that get sent again while no leader serves it: counted as published, then resumed", async () => {
-    const w = await failoverWorld((op, n) => (op === "publish" ? "died-after" : op === "get" && n === 1 ? "no-leader" : "pass"));
-    w.fake.exported.set("environment.e1", ["a"]);
-    const collector = collectorIn(w);
-    await collector.start();
-    const run = collector.run();
-    await waitUntil(() => w.arrived.length === 1, "the /run of a");
+    const { w, collector, run } = await runningRowA((op, n) => (op === "publish" ? "died-after" : op === "get" && n === 1 ? "no-leader" : "pass"));
     const result = await collector.checkpoint({ stop: false });
     expect(result.published).toBe(true);
     expect((await w.controller.list()).latest).toBe(result.checkpointId);
@@ -2780,12 +2776,7 @@ describe("collector across a coordinator failover (the engine, then its successo
   });
 
   it("a stop checkpoint's commit whose coordinator died once it had committed (reply lost): the successor re-drives it and keeps it committed, so the collector sends it again and publishes, the Gym left parked", async () => {
-    const w = await failoverWorld((op, n) => (op === "commit" && n === 1 ? "died-after" : "pass"));
-    w.fake.exported.set("environment.e1", ["a"]);
-    const collector = collectorIn(w);
-    await collector.start();
-    void collector.run();
-    await waitUntil(() => w.arrived.length === 1, "the /run of a");
+    const { w, collector } = await runningRowA((op, n) => (op === "commit" && n === 1 ? "died-after" : "pass"));
     const result = await collector.checkpoint({ stop: true });
     expect(w.recoveries).toEqual([[`${result.checkpointId}:committed`]]);
     expect(result.published).toBe(true);
