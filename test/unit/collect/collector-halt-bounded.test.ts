@@ -204,18 +204,27 @@ describe("run() after a halt, with a /run still in flight", () => {
   });
 });
 
+/**
+ * Rows a and b finished, one's append to results.jsonl held by its storage and the other's queued
+ * behind it, then the collector halted; `release` lets the held write return.
+ */
+async function haltedWithAppendHeld() {
+  const { url } = await rewardingRun();
+  let release!: () => void;
+  disk.holdAppends = new Promise<void>((resolve) => (release = resolve));
+  const rows = ["a", "b"].map((rolloutId) => ({ rolloutId, task: {} }));
+  const out = join(dir, "results.jsonl");
+  const collector = collectorIn(dir, url, idleController(), { rows, concurrency: 2, runTimeoutSeconds: 0.2 });
+  await collector.start();
+  void collector.run().catch(() => undefined);
+  await waitUntil(() => disk.appending === 1 && collector.summary().finished === 2, "one row's append under way, the other's queued");
+  await collector.halt();
+  return { collector, release, out, url, rows };
+}
+
 describe("halt() with a results.jsonl append held by its storage", () => {
   it("appends no line queued behind it once the halt went on without it", { timeout: 15_000 }, async () => {
-    const { url } = await rewardingRun();
-    let release!: () => void;
-    disk.holdAppends = new Promise<void>((resolve) => (release = resolve));
-    const rows = ["a", "b"].map((rolloutId) => ({ rolloutId, task: {} }));
-    const out = join(dir, "results.jsonl");
-    const collector = collectorIn(dir, url, idleController(), { rows, concurrency: 2, runTimeoutSeconds: 0.2 });
-    await collector.start();
-    void collector.run().catch(() => undefined);
-    await waitUntil(() => disk.appending === 1 && collector.summary().finished === 2, "one row's append under way, the other's queued");
-    await collector.halt();
+    const { collector, release, out } = await haltedWithAppendHeld();
     expect(collector.resultsWriteUnderWay).toBe(true);
     release();
     await resultAppendsSettled(out);
@@ -228,16 +237,7 @@ describe("a next collector in the same process, on the same --out, after a halt 
   // A controller embedding the collector may start the next one on the same files before the held
   // write returns: the halted collector's lines that had not begun their write still never land.
   it("lets no line the halted collector gave up land once its held write returns", { timeout: 15_000 }, async () => {
-    const { url } = await rewardingRun();
-    let release!: () => void;
-    disk.holdAppends = new Promise<void>((resolve) => (release = resolve));
-    const rows = ["a", "b"].map((rolloutId) => ({ rolloutId, task: {} }));
-    const out = join(dir, "results.jsonl");
-    const halted = collectorIn(dir, url, idleController(), { rows, concurrency: 2, runTimeoutSeconds: 0.2 });
-    await halted.start();
-    void halted.run().catch(() => undefined);
-    await waitUntil(() => disk.appending === 1 && halted.summary().finished === 2, "one row's append under way, the other's queued");
-    await halted.halt();
+    const { release, out, url, rows } = await haltedWithAppendHeld();
     disk.holdAppends = undefined; // the next collector's own appends are not held
     const next = collectorIn(dir, url, idleController(), { rows, concurrency: 2, runTimeoutSeconds: 0.2 });
     await next.start();
