@@ -2,6 +2,7 @@ import { createServer, type Server } from "node:http";
 import { metrics } from "@opentelemetry/api";
 import type { AddressInfo } from "node:net";
 import { CheckpointError, isHttpUrl } from "../../protocol/index.js";
+import { commonJsExports } from "../../protocol/commonjs-exports.js";
 import { listenRefusal } from "../../protocol/listen-refusal.js";
 
 /**
@@ -115,14 +116,14 @@ export async function startTelemetry(options: TelemetryOptions): Promise<Telemet
   const promPort = options.metricsPort ?? (envPort ?? (metricsExporters.includes("prometheus") ? 9464 : undefined));
   if (traces === "off" && !otlpMetrics && promPort === undefined) return off;
 
-  // Loaded only when used: the SDK costs most of a second at start-up.
+  // Loaded only when used: the SDK costs most of a second at start-up (and the bundles leave it in chunks of its own).
   const [{ NodeSDK }, { defaultResource, resourceFromAttributes, envDetector, hostDetector, processDetector }, { PeriodicExportingMetricReader }, { PrometheusExporter }, { OTLPTraceExporter }] =
     await Promise.all([
-      import("@opentelemetry/sdk-node"),
-      import("@opentelemetry/resources"),
-      import("@opentelemetry/sdk-metrics"),
-      import("@opentelemetry/exporter-prometheus"),
-      import("@opentelemetry/exporter-trace-otlp-http"),
+      commonJsExports(import("@opentelemetry/sdk-node")),
+      commonJsExports(import("@opentelemetry/resources")),
+      commonJsExports(import("@opentelemetry/sdk-metrics")),
+      commonJsExports(import("@opentelemetry/exporter-prometheus")),
+      commonJsExports(import("@opentelemetry/exporter-trace-otlp-http")),
     ]);
 
   const readers: InstanceType<typeof PeriodicExportingMetricReader | typeof PrometheusExporter>[] = [];
@@ -222,10 +223,10 @@ export function observeLeadership(state: () => ObservedLeadership): () => void {
 function otlpMetricExporterModule(protocol: string | undefined) {
   switch (protocol) {
     case "grpc":
-      return import("@opentelemetry/exporter-metrics-otlp-grpc");
+      return commonJsExports(import("@opentelemetry/exporter-metrics-otlp-grpc"));
     case "http/protobuf":
-      return import("@opentelemetry/exporter-metrics-otlp-proto");
+      return commonJsExports(import("@opentelemetry/exporter-metrics-otlp-proto"));
     default:
-      return import("@opentelemetry/exporter-metrics-otlp-http");
+      return commonJsExports(import("@opentelemetry/exporter-metrics-otlp-http"));
   }
 }

@@ -11,11 +11,12 @@ import { ensureBuilt } from "./coordinator-process.js";
  * back (`static { __name(this, "CheckpointError") }`).
  */
 describe("the bundled entries", () => {
-  it("name CheckpointError (a logged refusal's err.type) CheckpointError in every bundle", () => {
+  it("name CheckpointError (a logged refusal's err.type) CheckpointError in every bundle and chunk", () => {
     ensureBuilt();
+    // Each entry and the chunks beside it (`main-*.js`, `program-*.js`: what it imports dynamically, and their shared code).
     const bundles = ["coordinator", "participants"].flatMap((top) =>
       readdirSync(join("dist", top), { recursive: true, encoding: "utf8" })
-        .filter((path) => path === "main.js" || path.endsWith(`${sep}main.js`))
+        .filter((path) => /(?:^|\/)main(?:-[\w-]+)?\.js$/.test(path.split(sep).join("/")) || /(?:^|\/)cli\/program-[\w-]+\.js$/.test(path.split(sep).join("/")))
         .map((path) => join("dist", top, path)),
     );
     const declared = bundles.filter((file) => /\bclass (_?)CheckpointError extends Error\b/.test(readFileSync(file, "utf8")));
