@@ -1,24 +1,6 @@
 import { Command, CommanderError } from "commander";
 import { PACKAGE_VERSION, PROTOCOL_VERSION } from "../../protocol/index.js";
 import { dropOutputOfGoneReaders } from "./closed-output.js";
-import * as attachCommand from "./commands/attach.js";
-import * as checkpointCommand from "./commands/checkpoint.js";
-import * as collectCommand from "./commands/collect.js";
-import * as commitCommand from "./commands/commit.js";
-import * as coordinatorCommand from "./commands/coordinator.js";
-import * as demoCommand from "./commands/demo.js";
-import * as forgetCommand from "./commands/forget.js";
-import * as gymCommand from "./commands/gym.js";
-import * as lsCommand from "./commands/ls.js";
-import * as prepareCommand from "./commands/prepare.js";
-import * as publishCommand from "./commands/publish.js";
-import * as renewCommand from "./commands/renew.js";
-import * as restoreCommand from "./commands/restore.js";
-import * as resumeCommand from "./commands/resume.js";
-import * as retireCommand from "./commands/retire.js";
-import * as seedsCommand from "./commands/seeds.js";
-import * as statusCommand from "./commands/status.js";
-import * as verifyCommand from "./commands/verify.js";
 
 /** A CLI command module: `commands/<name>.ts` exports `register(program)`. */
 export interface CommandModule {
@@ -26,15 +8,38 @@ export interface CommandModule {
 }
 
 /**
- * Every command, one file each under `commands/`, in the order help lists them. Imported statically
- * so that the build bundles them into the binary (deploy/bundle-entries.mjs); a test checks that
- * every file there is listed.
+ * Every command, one file each under `commands/`, in the order help lists them, by the name it
+ * registers (a test checks both). Loaded on demand: a process loads the command it runs, all of them
+ * only for help or a name it does not know. The build puts each in a chunk of its own
+ * (deploy/bundle-entries.mjs), so `gym-ckpt status` does not parse the coordinator's HTTP server,
+ * nor `collect` the checkpoint engine: Node parses a whole file before running it.
  */
-export const COMMANDS: readonly CommandModule[] = [
-  attachCommand, checkpointCommand, collectCommand, commitCommand, coordinatorCommand, demoCommand,
-  forgetCommand, gymCommand, lsCommand, prepareCommand, publishCommand, renewCommand,
-  restoreCommand, resumeCommand, retireCommand, seedsCommand, statusCommand, verifyCommand,
-];
+export const COMMANDS = {
+  attach: () => import("./commands/attach.js"),
+  checkpoint: () => import("./commands/checkpoint.js"),
+  collect: () => import("./commands/collect.js"),
+  commit: () => import("./commands/commit.js"),
+  coordinator: () => import("./commands/coordinator.js"),
+  demo: () => import("./commands/demo.js"),
+  forget: () => import("./commands/forget.js"),
+  gym: () => import("./commands/gym.js"),
+  ls: () => import("./commands/ls.js"),
+  prepare: () => import("./commands/prepare.js"),
+  publish: () => import("./commands/publish.js"),
+  renew: () => import("./commands/renew.js"),
+  restore: () => import("./commands/restore.js"),
+  resume: () => import("./commands/resume.js"),
+  retire: () => import("./commands/retire.js"),
+  seeds: () => import("./commands/seeds.js"),
+  status: () => import("./commands/status.js"),
+  verify: () => import("./commands/verify.js"),
+} satisfies Record<string, () => Promise<CommandModule>>;
+
+type CommandName = keyof typeof COMMANDS;
+
+function isCommandName(name: string | undefined): name is CommandName {
+  return name !== undefined && Object.hasOwn(COMMANDS, name);
+}
 
 /**
  * Commander quotes an unknown option whole: a mistyped flag written with its value
@@ -46,8 +51,8 @@ function withoutOptionValue(text: string): string {
   return text.replace(/^(error: unknown option '-[^=']*)=[\s\S]*'/, "$1=[Redacted]'");
 }
 
-/** The `gym-ckpt` program. */
-export function buildProgram(): Command {
+/** The `gym-ckpt` program: with `only` a command's name, that command alone; otherwise all of them. */
+export async function buildProgram(only?: string): Promise<Command> {
   const program = new Command("gym-ckpt")
     .description("Distributed checkpoint coordinator for Gym-style RL rollout servers, over NATS")
     .version(`${PACKAGE_VERSION} (protocol v${PROTOCOL_VERSION})`)
@@ -55,14 +60,17 @@ export function buildProgram(): Command {
     // Bad usage is `invalid_request` with exit 2, like every other usage error (docs/api.md).
     .exitOverride()
     .configureOutput({ outputError: (text, write) => write(`error invalid_request: ${withoutOptionValue(text).replace(/^error: /, "")}`) });
-  for (const command of COMMANDS) command.register(program);
+  const names: CommandName[] = isCommandName(only) ? [only] : (Object.keys(COMMANDS) as CommandName[]);
+  for (const command of await Promise.all(names.map((name) => COMMANDS[name]()))) command.register(program);
   return program;
 }
 
 /** Runs the command `argv` names (process.argv's shape). */
 export async function runProgram(argv: string[]): Promise<void> {
   dropOutputOfGoneReaders();
-  const program = buildProgram();
+  // The command is the first argument (options go after it); anything else (`--help`, `help`, a
+  // mistyped name) gets every command, for the listing or commander's suggestion.
+  const program = await buildProgram(argv[2]);
   try {
     await program.parseAsync(argv);
   } catch (error) {

@@ -1,7 +1,6 @@
 import { Option, type Command } from "commander";
 import { BearerTokenSchema, CheckpointError, connectNats, DeploymentSchema, EpisodeIdSchema, describeZodError, duplicateJsonKey, envSetting, isHttpUrl, redactUrl, MAX_CONTROL_MESSAGE_BYTES, MAX_DEADLINE_AHEAD_S, NATS_INBOX_PREFIXES, natsSettings, parseCaptureKey, toCheckpointError, unsafeJsonInteger, type EpisodeId, type ErrorCode } from "../../protocol/index.js";
 import { accessSync, constants, statSync } from "node:fs";
-import { HttpControllerClient } from "../client/http-controller-client.js";
 import { CONTROLLER_CONNECT_FAILURE, NatsControllerClient } from "../client/nats-controller-client.js";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { CheckedClient } from "./checked-client.js";
@@ -63,7 +62,8 @@ export async function withClient<I>(
     }
     if (httpUrl !== undefined) {
       // --leader-wait-ms holds over HTTP too (nothing listening, or not_leader), as for collect.
-      await fn(new CheckedClient(async () => new HttpControllerClient({ baseUrl: httpUrl, token, leaderWaitMs })));
+      // Loaded only here: its HTTP stack (undici) is a fifth of what a NATS command would parse at start-up.
+      await fn(new CheckedClient(async () => new (await import("../client/http-controller-client.js")).HttpControllerClient({ baseUrl: httpUrl, token, leaderWaitMs })));
       return;
     }
     let nc: NatsConnection | undefined;

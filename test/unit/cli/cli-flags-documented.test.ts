@@ -25,7 +25,7 @@ const collect = read("collect.md");
 const cliSection = between(api, "## 4. CLI", "## 5. Configuration");
 const configSection = between(api, "## 5. Configuration", "## High availability");
 
-const program = buildProgram();
+const program = await buildProgram();
 const commands = new Map(program.commands.map((c) => [c.name(), c]));
 const command = (name: string): Command => commands.get(name)!;
 const longFlags = (c: Command): string[] => c.options.map((o) => o.long!);

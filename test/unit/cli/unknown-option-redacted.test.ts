@@ -15,7 +15,7 @@ afterEach(() => {
 async function refused(...args: string[]): Promise<void> {
   vi.spyOn(process.stderr, "write").mockImplementation((chunk: string | Uint8Array) => ((stderr += String(chunk)), true));
   vi.spyOn(process.stdout, "write").mockImplementation(() => true);
-  await expect(buildProgram().parseAsync(args, { from: "user" })).rejects.toMatchObject({ code: "commander.unknownOption" });
+  await expect((await buildProgram()).parseAsync(args, { from: "user" })).rejects.toMatchObject({ code: "commander.unknownOption" });
 }
 
 describe("gym-ckpt: an unknown option's value is not echoed", () => {

@@ -237,7 +237,7 @@ function flagsOf(args: readonly string[]): string[] {
 
 /** The `gym-ckpt <command>` options, as commander knows them. */
 async function cliFlags(command: string): Promise<string[]> {
-  const found = buildProgram().commands.find((c) => c.name() === command);
+  const found = (await buildProgram()).commands.find((c) => c.name() === command);
   expect(found, `gym-ckpt ${command}`).toBeDefined();
   return found!.options.map((o) => o.long!).concat("--help");
 }

@@ -34,10 +34,10 @@ describe("README", () => {
     for (const command of development) expect(Object.keys(scripts), command).toContain(scriptOf(command));
   });
 
-  it("lists every gym-ckpt command in its command table", () => {
+  it("lists every gym-ckpt command in its command table", async () => {
     const table = readme.slice(readme.indexOf("## The `gym-ckpt` command"), readme.indexOf("## Development"));
     const cells = [...table.matchAll(/^\| (`gym-ckpt .*?) \|/gm)].map((m) => m[1]!).join(" ");
     const listed = new Set([...cells.matchAll(/`(?:gym-ckpt )?([a-z]+)/g)].map((m) => m[1]!));
-    for (const command of buildProgram().commands) expect([...listed], command.name()).toContain(command.name());
+    for (const command of (await buildProgram()).commands) expect([...listed], command.name()).toContain(command.name());
   });
 });
