@@ -24,7 +24,9 @@ beforeEach(() => {
 afterEach(() => {
   vi.restoreAllMocks();
   process.exitCode = undefined;
-  process.env = { ...saved };
+  // In place: the process's own env object stays (the next file in this worker inherits it).
+  for (const name of Object.keys(process.env)) if (!(name in saved)) delete process.env[name];
+  Object.assign(process.env, saved);
 });
 
 // Port 1: nobody listens, so a command that gets as far as connecting fails with not_leader.

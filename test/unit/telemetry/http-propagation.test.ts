@@ -14,6 +14,7 @@ const spans = new InMemorySpanExporter();
 const provider = new BasicTracerProvider({ spanProcessors: [new SimpleSpanProcessor(spans)] });
 let unsubscribe: () => void;
 const apps: FastifyInstance[] = [];
+const saved = { ...process.env };
 
 beforeAll(() => {
   context.setGlobalContextManager(new AsyncLocalStorageContextManager().enable());
@@ -27,6 +28,8 @@ afterAll(async () => {
   trace.disable();
   propagation.disable();
   context.disable();
+  for (const name of Object.keys(process.env)) if (name.startsWith("OTEL_")) delete process.env[name];
+  Object.assign(process.env, Object.fromEntries(Object.entries(saved).filter(([name]) => name.startsWith("OTEL_"))));
 });
 
 describe("data-plane trace context", () => {
