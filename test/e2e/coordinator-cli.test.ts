@@ -60,11 +60,13 @@ describe("gym-ckpt CLI (built binary)", () => {
   });
 
   it("fine-grained ops: prepare, commit, publish, resume; refusals exit non-zero naming the code", async () => {
-    expect((await cli(["prepare", "cli-2"], env)).code).toBe(0);
+    const prepared = await cli(["prepare", "cli-2"], env);
+    expect(prepared.code, prepared.stderr).toBe(0);
     const wrong = await cli(["publish", "cli-2"], env);
     expect(wrong.code).toBe(1);
     expect(wrong.stderr).toMatch(/^error invalid_phase: /);
-    expect((await cli(["commit", "cli-2", "--episodes", "c1"], env)).code).toBe(0);
+    const committed = await cli(["commit", "cli-2", "--episodes", "c1"], env);
+    expect(committed.code, committed.stderr).toBe(0);
     // A commit retried with another scope names the op in words ("commited" before).
     const otherScope = await cli(["commit", "cli-2", "--episodes", ""], env);
     expect([otherScope.code, otherScope.stderr]).toEqual([1, "error checkpoint_conflict: checkpoint cli-2 was already committed with other arguments\n"]);
