@@ -4,8 +4,8 @@
 // (0.5-0.7 s of CPU each), and the Gym, the CLI and the tests start many. What an entry imports
 // dynamically (the OpenTelemetry SDK and its exporters, loaded only when telemetry is on; the CLI's
 // commands, loaded one at a time) goes to chunks beside it, `<entry>-*.js`: Node parses a whole
-// file before running it, and a bundle holding all of it cost a CLI command twice the CPU. The other compiled modules stay as they are, for the
-// package's library entry points.
+// file before running it, and a bundle holding all of it cost a CLI command twice the CPU. The
+// other compiled modules stay as they are, for the package's library entry points.
 import { readFile, readdir } from "node:fs/promises";
 import { basename, dirname, join, relative, sep } from "node:path";
 import { fileURLToPath } from "node:url";

@@ -1,6 +1,6 @@
 import { connect, type Socket } from "node:net";
-import { context, metrics, propagation, trace } from "@opentelemetry/api";
 import { afterEach, describe, expect, it } from "vitest";
+import { unregisterOtelGlobals } from "../../support/otel-globals.js";
 import { startTelemetry as coordinatorTelemetry } from "../../../coordinator/telemetry/telemetry-sdk.js";
 import { startTelemetry as participantTelemetry } from "../../../participants/telemetry/telemetry-sdk.js";
 
@@ -13,9 +13,7 @@ import { startTelemetry as participantTelemetry } from "../../../participants/te
 const saved = { ...process.env };
 const sockets: Socket[] = [];
 afterEach(() => {
-  // startTelemetry registers the SDK's providers as the process's globals: unregister them, so the
-  // next file in this worker (the unit project shares one) can register its own.
-  for (const api of [trace, metrics, propagation, context]) api.disable();
+  unregisterOtelGlobals();
   for (const socket of sockets.splice(0)) socket.destroy();
   for (const name of Object.keys(process.env)) if (name.startsWith("OTEL_")) delete process.env[name];
   for (const [name, value] of Object.entries(saved)) if (name.startsWith("OTEL_")) process.env[name] = value;

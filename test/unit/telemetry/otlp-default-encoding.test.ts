@@ -1,5 +1,6 @@
-import { context, metrics, propagation, trace } from "@opentelemetry/api";
+import { trace } from "@opentelemetry/api";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { unregisterOtelGlobals } from "../../support/otel-globals.js";
 import { startTelemetry } from "../../../coordinator/telemetry/telemetry-sdk.js";
 import { startOtlpReceiver, type OtlpReceiver } from "../../support/otlp-receiver.js";
 
@@ -14,9 +15,7 @@ beforeAll(async () => {
   receiver = await startOtlpReceiver();
 });
 afterAll(async () => {
-  // startTelemetry registers the SDK's providers as the process's globals: unregister them, so the
-  // next file in this worker (the unit project shares one) can register its own.
-  for (const api of [trace, metrics, propagation, context]) api.disable();
+  unregisterOtelGlobals();
   for (const name of Object.keys(process.env)) if (name.startsWith("OTEL_")) delete process.env[name];
   Object.assign(process.env, Object.fromEntries(Object.entries(saved).filter(([name]) => name.startsWith("OTEL_"))));
   await receiver.close();

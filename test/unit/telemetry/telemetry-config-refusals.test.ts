@@ -1,6 +1,6 @@
 import { createServer, type AddressInfo } from "node:net";
-import { context, metrics, propagation, trace } from "@opentelemetry/api";
 import { afterEach, describe, expect, it } from "vitest";
+import { unregisterOtelGlobals } from "../../support/otel-globals.js";
 import { startTelemetry as coordinatorTelemetry } from "../../../coordinator/telemetry/telemetry-sdk.js";
 import { startTelemetry as participantTelemetry } from "../../../participants/telemetry/telemetry-sdk.js";
 
@@ -12,9 +12,7 @@ import { startTelemetry as participantTelemetry } from "../../../participants/te
  */
 const saved = { ...process.env };
 afterEach(() => {
-  // startTelemetry registers the SDK's providers as the process's globals: unregister them, so the
-  // next file in this worker (the unit project shares one) can register its own.
-  for (const api of [trace, metrics, propagation, context]) api.disable();
+  unregisterOtelGlobals();
   for (const name of Object.keys(process.env)) if (name.startsWith("OTEL_")) delete process.env[name];
   for (const [name, value] of Object.entries(saved)) if (name.startsWith("OTEL_")) process.env[name] = value;
 });
