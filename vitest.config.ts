@@ -47,8 +47,8 @@ const SHARED_UNIT = UNIT.filter((f) => !FRESH_STATE_UNIT.includes(f) && !MOCKS.t
 // Three workers on the 2-core machines CI runs on (maxWorkers counts across both projects): with
 // two, the cores were often idle while tests waited on their servers and timers (one 2-core
 // machine, two workers: `vitest run test/integration` kept 1.1 cores busy, the unit project 1.3).
-// Measured there: the fresh-clone .ci/run 1036 s with two workers, 909 s with three for the
-// integration and e2e files; test/integration 216 → 180 s, the unit project 128 → 115 s.
+// Measured there: the fresh-clone .ci/run 1036 s with two workers, 857 s with three;
+// test/integration alone 216 → 180 s, the unit project alone 128 → 115 s.
 export default defineConfig({
   test: {
     // One TMPDIR per run, removed after it: nothing a test leaves under the system temp directory stays.
