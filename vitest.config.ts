@@ -13,8 +13,8 @@ import { configDefaults, defineConfig } from "vitest/config";
  * workers runs file after file in one process with one module cache, so zod, nats.js and the
  * protocol modules load once per worker, not once per file. A file there restores what it changes
  * in the process, in an afterEach/afterAll of its own: process.env (in place), globals
- * (vi.unstubAllGlobals), fake timers (vi.useRealTimers), OpenTelemetry global providers
- * (trace/metrics/propagation/context.disable(), also after startTelemetry), process listeners,
+ * (vi.unstubAllGlobals), fake timers (vi.useRealTimers), OpenTelemetry global providers and
+ * OTEL_* variables (test/support/otel-globals.ts, also after startTelemetry), process listeners,
  * process.exitCode.
  */
 const MOCKS = /\bvi\.(mock|doMock|unmock|doUnmock)\(/;

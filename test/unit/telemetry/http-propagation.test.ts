@@ -6,6 +6,7 @@ import Fastify, { type FastifyInstance } from "fastify";
 import { createServer } from "node:http";
 import type { AddressInfo } from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { clearOtelEnv, restoreOtelEnv } from "../../support/otel-globals.js";
 import { runCutRound } from "../../../participants/kinds/model/generation-cut-round.js";
 import { propagateHttpTraceContext } from "../../../participants/telemetry/http-propagation.js";
 import { startTelemetry } from "../../../participants/telemetry/telemetry-sdk.js";
@@ -28,8 +29,7 @@ afterAll(async () => {
   trace.disable();
   propagation.disable();
   context.disable();
-  for (const name of Object.keys(process.env)) if (name.startsWith("OTEL_")) delete process.env[name];
-  Object.assign(process.env, Object.fromEntries(Object.entries(saved).filter(([name]) => name.startsWith("OTEL_"))));
+  restoreOtelEnv(saved);
 });
 
 describe("data-plane trace context", () => {
@@ -103,7 +103,7 @@ describe("data-plane trace context", () => {
 
 describe("telemetry SDK wiring", () => {
   it("stays unloaded when no exporter, endpoint or metrics port is configured", async () => {
-    for (const name of Object.keys(process.env)) if (name.startsWith("OTEL_")) delete process.env[name];
+    clearOtelEnv();
     const handle = await startTelemetry({ serviceName: "unit" });
     expect(handle.tracing).toBe(false);
     expect(handle.metricsUrl).toBeUndefined();

@@ -1,6 +1,6 @@
 import { connect, type Socket } from "node:net";
 import { afterEach, describe, expect, it } from "vitest";
-import { unregisterOtelGlobals } from "../../support/otel-globals.js";
+import { clearOtelEnv, restoreOtelEnv, unregisterOtelGlobals } from "../../support/otel-globals.js";
 import { startTelemetry as coordinatorTelemetry } from "../../../coordinator/telemetry/telemetry-sdk.js";
 import { startTelemetry as participantTelemetry } from "../../../participants/telemetry/telemetry-sdk.js";
 
@@ -15,8 +15,7 @@ const sockets: Socket[] = [];
 afterEach(() => {
   unregisterOtelGlobals();
   for (const socket of sockets.splice(0)) socket.destroy();
-  for (const name of Object.keys(process.env)) if (name.startsWith("OTEL_")) delete process.env[name];
-  for (const [name, value] of Object.entries(saved)) if (name.startsWith("OTEL_")) process.env[name] = value;
+  restoreOtelEnv(saved);
 });
 
 function open(url: string, send: string): Promise<Socket> {
@@ -39,7 +38,7 @@ describe.each([
   ["participants", participantTelemetry],
 ])("startTelemetry (%s): shutdown with connections open to /metrics", (_side, start) => {
   it("ends within its bound and closes a silent connection and one with an unfinished request", async () => {
-    for (const name of Object.keys(process.env)) if (name.startsWith("OTEL_")) delete process.env[name];
+    clearOtelEnv();
     const handle = await start({ serviceName: "unit", metricsPort: 0 });
     const silent = await open(handle.metricsUrl!, "");
     const partial = await open(handle.metricsUrl!, "GET /metrics HTTP/1.1\r\nHost: x\r\n");

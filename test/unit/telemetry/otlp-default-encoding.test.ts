@@ -1,6 +1,6 @@
 import { trace } from "@opentelemetry/api";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { unregisterOtelGlobals } from "../../support/otel-globals.js";
+import { clearOtelEnv, restoreOtelEnv, unregisterOtelGlobals } from "../../support/otel-globals.js";
 import { startTelemetry } from "../../../coordinator/telemetry/telemetry-sdk.js";
 import { startOtlpReceiver, type OtlpReceiver } from "../../support/otlp-receiver.js";
 
@@ -16,14 +16,13 @@ beforeAll(async () => {
 });
 afterAll(async () => {
   unregisterOtelGlobals();
-  for (const name of Object.keys(process.env)) if (name.startsWith("OTEL_")) delete process.env[name];
-  Object.assign(process.env, Object.fromEntries(Object.entries(saved).filter(([name]) => name.startsWith("OTEL_"))));
+  restoreOtelEnv(saved);
   await receiver.close();
 });
 
 describe("OTEL_TRACES_EXPORTER=otlp without a protocol", () => {
   it("sends the traces as OTLP/HTTP JSON", async () => {
-    for (const name of Object.keys(process.env)) if (name.startsWith("OTEL_")) delete process.env[name];
+    clearOtelEnv();
     process.env.OTEL_TRACES_EXPORTER = "otlp";
     process.env.OTEL_METRICS_EXPORTER = "none";
     process.env.OTEL_EXPORTER_OTLP_ENDPOINT = receiver.url;

@@ -1,6 +1,6 @@
 import { createServer, type AddressInfo } from "node:net";
 import { afterEach, describe, expect, it } from "vitest";
-import { unregisterOtelGlobals } from "../../support/otel-globals.js";
+import { clearOtelEnv, restoreOtelEnv, unregisterOtelGlobals } from "../../support/otel-globals.js";
 import { startTelemetry as coordinatorTelemetry } from "../../../coordinator/telemetry/telemetry-sdk.js";
 import { startTelemetry as participantTelemetry } from "../../../participants/telemetry/telemetry-sdk.js";
 
@@ -13,8 +13,7 @@ import { startTelemetry as participantTelemetry } from "../../../participants/te
 const saved = { ...process.env };
 afterEach(() => {
   unregisterOtelGlobals();
-  for (const name of Object.keys(process.env)) if (name.startsWith("OTEL_")) delete process.env[name];
-  for (const [name, value] of Object.entries(saved)) if (name.startsWith("OTEL_")) process.env[name] = value;
+  restoreOtelEnv(saved);
 });
 
 /** The refusal, or "started" (then stopped again) when it was not refused. */
@@ -34,7 +33,7 @@ describe.each([
 ])("startTelemetry (%s)", (_side, start) => {
   it("refuses an OTEL_METRIC_EXPORT_INTERVAL that is not a whole number of milliseconds", async () => {
     for (const value of ["-5", "abc", "0.5", "0x10", "3000000000"]) {
-      for (const name of Object.keys(process.env)) if (name.startsWith("OTEL_")) delete process.env[name];
+      clearOtelEnv();
       process.env.OTEL_EXPORTER_OTLP_METRICS_ENDPOINT = "http://127.0.0.1:9/v1/metrics";
       process.env.OTEL_METRIC_EXPORT_INTERVAL = value;
       const refused = await outcome(start, { serviceName: "unit" });
@@ -45,7 +44,7 @@ describe.each([
   });
 
   it("refuses an --otlp-endpoint that is not an http(s) URL, without echoing it", async () => {
-    for (const name of Object.keys(process.env)) if (name.startsWith("OTEL_")) delete process.env[name];
+    clearOtelEnv();
     for (const value of ["127.0.0.1:4318", "not a url", "ftp://user:hunter2@collector:4318"]) {
       const refused = await outcome(start, { serviceName: "unit", otlpEndpoint: value });
       expect(refused, value).toMatchObject({ code: "invalid_request", message: expect.stringContaining("--otlp-endpoint must be an http:// or https:// URL") });
@@ -57,7 +56,7 @@ describe.each([
   it("refuses an inherited OTLP endpoint variable that is not an http(s) URL, without echoing it, unless its signals speak gRPC or the flag replaces it", async () => {
     for (const name of ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"]) {
       for (const value of ["127.0.0.1:4318", "ftp://user:hunter2@collector:4318"]) {
-        for (const n of Object.keys(process.env)) if (n.startsWith("OTEL_")) delete process.env[n];
+        clearOtelEnv();
         process.env[name] = value;
         const refused = await outcome(start, { serviceName: "unit" });
         expect(refused, `${name}=${value}`).toMatchObject({ code: "invalid_request", message: `${name} must be an http:// or https:// URL, e.g. http://127.0.0.1:4318` });
@@ -72,13 +71,13 @@ describe.each([
       expect(await outcome(start, { serviceName: "unit", otlpEndpoint: "http://127.0.0.1:9" }), name).toBe("started");
     }
     // Only the signal that speaks OTLP/HTTP is held to it: metrics over gRPC, traces over HTTP.
-    for (const n of Object.keys(process.env)) if (n.startsWith("OTEL_")) delete process.env[n];
+    clearOtelEnv();
     Object.assign(process.env, { OTEL_EXPORTER_OTLP_ENDPOINT: "127.0.0.1:4317", OTEL_EXPORTER_OTLP_METRICS_PROTOCOL: "grpc" });
     expect(await outcome(start, { serviceName: "unit" })).toMatchObject({ code: "invalid_request", message: expect.stringContaining("OTEL_EXPORTER_OTLP_ENDPOINT must be") });
   });
 
   it("an empty OTEL_EXPORTER_PROMETHEUS_HOST is unset: /metrics stays on 127.0.0.1, not every interface", async () => {
-    for (const name of Object.keys(process.env)) if (name.startsWith("OTEL_")) delete process.env[name];
+    clearOtelEnv();
     process.env.OTEL_EXPORTER_PROMETHEUS_HOST = "";
     const handle = await start({ serviceName: "unit", metricsPort: 0 });
     try {
@@ -89,7 +88,7 @@ describe.each([
   });
 
   it("refuses a metrics port another process listens on as invalid_request naming the flag or variable, address and errno", async () => {
-    for (const name of Object.keys(process.env)) if (name.startsWith("OTEL_")) delete process.env[name];
+    clearOtelEnv();
     const taken = createServer();
     await new Promise<void>((resolve) => taken.listen(0, "127.0.0.1", () => resolve()));
     const { port } = taken.address() as AddressInfo;
